@@ -1,0 +1,54 @@
+# Orchard — every target is idempotent; `make test` and `make demo` set up first.
+SHELL      := /bin/bash
+VENV       := .venv
+PY         := $(VENV)/bin/python
+VERSION    := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+AGENT_BIN  := build/orchard-agent
+AGENT_SRC  := $(wildcard agent/*.go) agent/go.mod
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup agent lint test test-go test-py demo bench clean help
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+
+setup:  ## install what is missing (apt packages, .venv, agent) and start dockerd
+	@bash scripts/setup.sh
+	@$(MAKE) --no-print-directory agent
+
+agent: $(AGENT_BIN) src/orchard/bin/orchard-agent  ## build the static in-sandbox agent
+
+$(AGENT_BIN): $(AGENT_SRC)
+	@mkdir -p build
+	cd agent && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o ../$(AGENT_BIN) .
+
+src/orchard/bin/orchard-agent: $(AGENT_BIN)
+	@mkdir -p src/orchard/bin
+	cp $(AGENT_BIN) $@
+
+lint:  ## ruff, mypy --strict, gofmt, go vet
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy
+	@out=$$(gofmt -l agent); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	cd agent && go vet ./...
+
+test-go:
+	cd agent && go test -count=1 ./...
+
+test-py:
+	$(VENV)/bin/pytest -q
+
+test: setup  ## lint, then go test and pytest (needs a Docker engine; setup starts one)
+	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory test-go
+	@$(MAKE) --no-print-directory test-py
+
+demo: setup  ## run the Orchard Env demo on the local Docker engine
+	$(PY) -m orchard.demo
+
+bench: setup  ## benchmarks (not part of make test)
+	$(PY) bench/agent_bench.py
+
+clean:
+	rm -rf build src/orchard/bin .mypy_cache .ruff_cache .pytest_cache

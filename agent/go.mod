@@ -1,0 +1,3 @@
+module github.com/orchard-env/orchard/agent
+
+go 1.19

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Idempotent set-up on Debian/Ubuntu: system packages, Docker daemon, .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+need=()
+for pkg in golang-go docker.io mmdebstrap busybox-static make iptables git ca-certificates; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+
+if ! $SUDO docker info >/dev/null 2>&1; then
+  echo "setup: starting dockerd"
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    $SUDO systemctl start docker || true
+  fi
+  if ! $SUDO docker info >/dev/null 2>&1; then
+    $SUDO bash -c 'nohup dockerd >/var/log/orchard-dockerd.log 2>&1 &'
+  fi
+  for _ in $(seq 1 60); do
+    $SUDO docker info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  $SUDO docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start; see /var/log/orchard-dockerd.log"; exit 1; }
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
+  echo "setup: installing orchard[dev] into .venv"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch .venv/.installed
+fi

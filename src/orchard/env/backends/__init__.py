@@ -1,0 +1,1 @@
+"""Backends: where sandboxes actually run (Docker today; Kubernetes and runc later)."""

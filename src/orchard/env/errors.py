@@ -1,0 +1,123 @@
+"""Typed errors: one class per stable error code, shared by the service and the SDK.
+
+The service raises these; the API layer turns them into `{"error": {code, message}}`
+with the right status; the SDK turns such a response back into the same class.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class OrchardError(Exception):
+    """Base of every error Orchard reports on purpose."""
+
+    code: ClassVar[str] = "internal"
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return {"error": body}
+
+
+class BadRequest(OrchardError):
+    code, status = "bad_request", 400
+
+
+class InvalidRequest(OrchardError):
+    code, status = "invalid_request", 422
+
+
+class Unauthorized(OrchardError):
+    code, status = "unauthorized", 401
+
+
+class Forbidden(OrchardError):
+    code, status = "forbidden", 403
+
+
+class NotFound(OrchardError):
+    code, status = "not_found", 404
+
+
+class ImageNotFound(OrchardError):
+    code, status = "image_not_found", 404
+
+
+class Conflict(OrchardError):
+    code, status = "conflict", 409
+
+
+class SandboxExited(OrchardError):
+    code, status = "sandbox_exited", 410
+
+
+class TooLarge(OrchardError):
+    code, status = "too_large", 413
+
+
+class RateLimited(OrchardError):
+    code, status = "rate_limited", 429
+
+
+class Unavailable(OrchardError):
+    """Transient: the backend, the registry or the agent did not answer. Safe to retry."""
+
+    code, status = "unavailable", 503
+
+
+class RegistryUnavailable(Unavailable):
+    code = "registry_unavailable"
+
+
+class AgentUnavailable(Unavailable):
+    code = "agent_unavailable"
+
+
+class Internal(OrchardError):
+    code, status = "internal", 500
+
+
+def _all_subclasses(cls: type[OrchardError]) -> list[type[OrchardError]]:
+    out: list[type[OrchardError]] = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+_BY_CODE: dict[str, type[OrchardError]] = {c.code: c for c in _all_subclasses(OrchardError)}
+_BY_STATUS: dict[int, type[OrchardError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: SandboxExited,
+    413: TooLarge,
+    422: InvalidRequest,
+    429: RateLimited,
+    503: Unavailable,
+}
+
+
+def error_from_response(status: int, body: Any) -> OrchardError:
+    """Rebuild the typed error from an HTTP error response (service or agent)."""
+    code, message, details = None, f"HTTP {status}", None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+        code = err.get("code")
+        message = str(err.get("message", message))
+        details = err.get("details")
+    cls = _BY_CODE.get(str(code)) or _BY_STATUS.get(status) or OrchardError
+    exc = cls(message, details=details)
+    if code and cls.code != code:
+        exc.code = str(code)  # type: ignore[misc]
+    return exc

@@ -1,0 +1,279 @@
+"""The REST API contract: pydantic models shared by the service, the SDK and the CLI.
+
+Per-sandbox routes (exec, processes, files) mirror the agent's JSON one to one
+(see docs/agent-api.md), so the service forwards them without re-shaping.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Encoding = Literal["text", "base64"]
+SandboxStatus = Literal["pending", "ready", "exited", "failed"]
+
+# Upper bounds that keep one request from asking for something absurd.
+MAX_TTL_S = 7 * 24 * 3600
+MAX_BATCH = 1000
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- errors
+
+
+class ErrorBody(Model):
+    code: str = Field(description="stable, machine-readable error code")
+    message: str = Field(description="what went wrong, for a human")
+    details: dict[str, Any] | None = None
+
+
+class ErrorResponse(Model):
+    error: ErrorBody
+
+
+# ---------------------------------------------------------------- sandboxes
+
+
+class NetworkPolicy(Model):
+    """Egress policy, enforced on the host, never by anything inside the sandbox.
+
+    `none`: no network interface but loopback. `all`: anything but cloud metadata.
+    `allow`: only the CIDRs and host names in `allow` (names resolved when applied).
+    """
+
+    egress: Literal["none", "all", "allow"] = "none"
+    allow: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list, max_length=256
+    )
+
+    @model_validator(mode="after")
+    def _allow_only_with_allow(self) -> NetworkPolicy:
+        if self.allow and self.egress != "allow":
+            raise ValueError("'allow' entries need egress='allow'")
+        return self
+
+
+class SandboxCreate(Model):
+    image: str = Field(min_length=1, max_length=512, description="any OCI image reference")
+    cmd: list[str] | None = Field(
+        default=None,
+        description="run this (or, with [], the image's own entrypoint+cmd) under the agent",
+    )
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    user: str | None = Field(default=None, max_length=64)
+    cpu: float | None = Field(default=None, gt=0, le=256, description="CPU cores")
+    memory: str | int | None = Field(default=None, description="bytes, or e.g. '512m', '2g'")
+    pids_limit: int | None = Field(default=None, ge=8, le=1_000_000)
+    timeout_s: float = Field(default=3600, gt=0, le=MAX_TTL_S, description="time to live")
+    idle_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
+    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    labels: dict[str, str] = Field(default_factory=dict)
+    wait: bool = Field(default=True, description="answer only once the agent is ready")
+    count: int = Field(default=1, ge=1, le=MAX_BATCH, description="batch size (batch route)")
+
+    @field_validator("env", "labels")
+    @classmethod
+    def _no_nul(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not k or "\x00" in k or "\x00" in val or "=" in k:
+                raise ValueError(f"invalid key or value: {k!r}")
+        return v
+
+
+class Resources(Model):
+    cpu: float | None = None
+    memory_bytes: int | None = None
+    pids_limit: int | None = None
+
+
+class Sandbox(Model):
+    id: str
+    image: str
+    status: SandboxStatus
+    created_at: datetime
+    expires_at: datetime
+    idle_timeout_s: float | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    network: NetworkPolicy
+    resources: Resources = Field(default_factory=Resources)
+    exit_code: int | None = None
+    error: str | None = None
+
+
+class SandboxList(Model):
+    sandboxes: list[Sandbox]
+
+
+class BatchCreateResult(Model):
+    sandboxes: list[Sandbox]
+    errors: list[ErrorBody] = Field(default_factory=list)
+
+
+class TimeoutUpdate(Model):
+    timeout_s: float = Field(gt=0, le=MAX_TTL_S, description="new time to live, from now")
+
+
+# ---------------------------------------------------------------- exec
+
+
+class ExecRequest(Model):
+    cmd: str | list[str] = Field(description="a shell string (/bin/sh -c) or an argv list")
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    user: str | None = None
+    stdin: str | None = None
+    stdin_b64: str | None = None
+    timeout_s: float | None = Field(default=None, ge=0, le=MAX_TTL_S)
+    max_output_bytes: int | None = Field(default=None, ge=1024, le=1 << 30)
+    output_encoding: Encoding = "text"
+
+    @field_validator("cmd")
+    @classmethod
+    def _nonempty(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and not v:
+            raise ValueError("cmd must not be an empty list")
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("cmd must not be empty")
+        return v
+
+
+class ExecResult(Model):
+    exit_code: int
+    stdout: str
+    stderr: str
+    encoding: Encoding = "text"
+    duration_s: float
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_file: str | None = None
+    stderr_file: str | None = None
+    signal: str | None = None
+
+
+class StreamEvent(Model):
+    """One NDJSON line of a streaming exec or a process follow."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["stdout", "stderr", "exit", "error"]
+    data: str | None = None
+    offset: int | None = None
+    exit_code: int | None = None
+    duration_s: float | None = None
+    timed_out: bool | None = None
+    signal: str | None = None
+    code: str | None = None
+    message: str | None = None
+
+
+# ---------------------------------------------------------------- processes
+
+
+class ProcessStart(ExecRequest):
+    pty: bool = False
+    rows: int = Field(default=24, ge=1, le=1000)
+    cols: int = Field(default=80, ge=1, le=1000)
+    tag: str | None = Field(default=None, max_length=128)
+
+
+class ProcessInfo(Model):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    pid: int
+    cmd: str | list[str]
+    tag: str | None = None
+    pty: bool = False
+    status: Literal["running", "exited"]
+    exit_code: int | None = None
+    signal: str | None = None
+    started_at: float
+    ended_at: float | None = None
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    stdin_open: bool = False
+
+
+class ProcessList(Model):
+    processes: list[ProcessInfo]
+
+
+class ProcessOutput(Model):
+    stream: Literal["stdout", "stderr"]
+    offset: int
+    next_offset: int
+    data: str
+    encoding: Encoding
+    eof: bool
+    dropped: bool = False
+
+
+class StdinWrite(Model):
+    data: str = ""
+    encoding: Encoding = "text"
+    close: bool = False
+
+
+class SignalRequest(Model):
+    signal: str | int = "TERM"
+    group: bool = True
+
+
+class ResizeRequest(Model):
+    rows: int = Field(ge=1, le=1000)
+    cols: int = Field(ge=1, le=1000)
+
+
+# ---------------------------------------------------------------- files
+
+
+class FileStat(Model):
+    path: str
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+    link_target: str | None = None
+
+
+class FileList(Model):
+    path: str
+    entries: list[FileStat]
+
+
+class MkdirRequest(Model):
+    path: str
+    mode: int = Field(default=0o755, ge=0, le=0o7777)
+    parents: bool = True
+
+
+class RemoveRequest(Model):
+    path: str
+    recursive: bool = False
+
+
+class MoveRequest(Model):
+    src: str
+    dst: str
+    overwrite: bool = False
+
+
+class TarResult(Model):
+    files: int
+    bytes: int
+
+
+# ---------------------------------------------------------------- service
+
+
+class Health(Model):
+    status: Literal["ok", "degraded"]
+    version: str
+    backend: str
+    sandboxes: int
