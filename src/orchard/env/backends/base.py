@@ -1,0 +1,96 @@
+"""The one small interface every backend implements (Docker now; Kubernetes and runc later).
+
+A backend owns the control plane only: create, delete, list, update, and where the
+sandbox's agent listens. The data path (service -> agent over HTTP with the
+per-sandbox token) is the same for all backends. The backend is the source of
+truth: a service that restarts rebuilds its whole view from `list()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from orchard.env.models import NetworkPolicy
+
+BackendState = Literal["pending", "running", "exited", "failed"]
+
+
+@dataclass(frozen=True)
+class AgentEndpoint:
+    """How to reach a sandbox's agent: a Unix socket on this host, or an HTTP base URL."""
+
+    socket_path: str | None = None
+    base_url: str | None = None
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a backend needs to start one sandbox; ids and tokens are chosen by the service."""
+
+    id: str
+    owner: str
+    image: str
+    agent_token: str
+    expires_at: float
+    cmd: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    user: str | None = None
+    cpu: float | None = None
+    memory_bytes: int | None = None
+    pids_limit: int | None = None
+    idle_timeout_s: float | None = None
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SandboxRecord:
+    """What the backend knows of one sandbox; rebuilt from labels after a restart."""
+
+    id: str
+    owner: str
+    image: str
+    state: BackendState
+    created_at: float
+    expires_at: float
+    endpoint: AgentEndpoint
+    idle_timeout_s: float | None = None
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    labels: dict[str, str] = field(default_factory=dict)
+    cpu: float | None = None
+    memory_bytes: int | None = None
+    pids_limit: int | None = None
+    exit_code: int | None = None
+    error: str | None = None
+
+
+class Backend(Protocol):
+    name: str
+
+    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        """Start the sandbox (pulling its image if missing) and return once its agent was started.
+
+        Readiness (the agent answering /health) is checked by the service, not here.
+        Raises ImageNotFound, RegistryUnavailable, Unavailable, InvalidRequest.
+        """
+        ...
+
+    async def delete(self, sandbox_id: str) -> None:
+        """Remove the sandbox and everything it left on the host; deleting what is gone is fine."""
+        ...
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
+
+    async def list(self) -> list[SandboxRecord]:
+        """Every sandbox this backend manages (all owners), including exited ones."""
+        ...
+
+    async def set_expiry(self, sandbox_id: str, expires_at: float) -> SandboxRecord: ...
+
+    async def set_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxRecord:
+        """Apply a new egress policy at run time (names re-resolved now)."""
+        ...
+
+    async def close(self) -> None: ...
