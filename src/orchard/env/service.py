@@ -1,0 +1,419 @@
+"""The sandbox service core: lifecycle, tenancy, expiry and reconcile on top of a Backend.
+
+The backend is the only source of truth; the in-memory view (`_records`) is a cache
+rebuilt by `reconcile()`, so a restarted service or a second replica sees the same
+sandboxes. Agent tokens are derived from the service secret, never stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from orchard.env.agent_client import AgentClient
+from orchard.env.backends.base import Backend, SandboxRecord, SandboxSpec
+from orchard.env.config import ServiceConfig
+from orchard.env.errors import (
+    AgentUnavailable,
+    InvalidRequest,
+    NotFound,
+    OrchardError,
+    SandboxExited,
+    Unavailable,
+)
+from orchard.env.metrics import Metrics
+from orchard.env.models import (
+    BatchCreateResult,
+    ErrorBody,
+    NetworkPolicy,
+    Resources,
+    Sandbox,
+    SandboxCreate,
+    SandboxStatus,
+)
+
+log = logging.getLogger("orchard.service")
+
+# Labels the service reserves for itself on every sandbox.
+RESERVED_LABEL_PREFIX = "orchard."
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_memory(value: str | int | None) -> int | None:
+    """Bytes from an int or a string like '512m', '2g', '1.5GiB' (binary units)."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        n = value
+    else:
+        m = _MEMORY_RE.match(value)
+        if not m:
+            raise InvalidRequest(f"invalid memory size {value!r} (use bytes, or e.g. '512m', '2g')")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n < 4 << 20:
+        raise InvalidRequest(f"memory must be at least 4 MiB, got {value!r}")
+    return n
+
+
+def new_sandbox_id() -> str:
+    return "sb-" + secrets.token_hex(6)
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+class SandboxService:
+    """Async sandbox lifecycle for many owners; every method checks the caller owns the id."""
+
+    def __init__(self, config: ServiceConfig, backend: Backend, metrics: Metrics | None = None):
+        self.config = config
+        self.backend = backend
+        self.metrics = metrics or Metrics()
+        self.started_at = time.time()
+        self._records: dict[str, SandboxRecord] = {}
+        self._pending: set[str] = set()  # created with wait=False, agent not yet seen
+        self._activity: dict[str, float] = {}
+        self._conns: dict[str, AgentClient] = {}
+        self._created: set[str] = set()  # made by this instance (EmbeddedService cleanup)
+        self._loop_task: asyncio.Task[None] | None = None
+        self.last_reconcile_ok = True
+
+    # ------------------------------------------------------------ lifecycle of the service
+
+    async def start(self) -> None:
+        await self.reconcile()
+        self._loop_task = asyncio.create_task(self._reconcile_loop(), name="orchard-reconcile")
+
+    async def stop(self, *, delete_created: bool = False) -> None:
+        """Stop background work; sandboxes keep running unless `delete_created`."""
+        if self._loop_task:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        if delete_created:
+            await asyncio.gather(*(self._remove(i) for i in list(self._created)))
+        for conn in list(self._conns.values()):
+            await conn.aclose()
+        self._conns.clear()
+        await self.backend.close()
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reconcile_interval_s)
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("reconcile failed")
+
+    # ------------------------------------------------------------ views
+
+    def to_model(self, rec: SandboxRecord) -> Sandbox:
+        status: SandboxStatus = rec.state if rec.state != "running" else "ready"
+        if rec.state == "running" and rec.id in self._pending:
+            status = "pending"
+        labels = {k: v for k, v in rec.labels.items() if k not in self.config.extra_labels}
+        return Sandbox(
+            id=rec.id,
+            image=rec.image,
+            status=status,
+            created_at=_dt(rec.created_at),
+            expires_at=_dt(rec.expires_at),
+            idle_timeout_s=rec.idle_timeout_s,
+            labels=labels,
+            network=rec.network,
+            resources=Resources(
+                cpu=rec.cpu, memory_bytes=rec.memory_bytes, pids_limit=rec.pids_limit
+            ),
+            exit_code=rec.exit_code,
+            error=rec.error,
+        )
+
+    def count(self) -> int:
+        return len(self._records)
+
+    def states(self) -> list[str]:
+        return [self.to_model(r).status for r in self._records.values()]
+
+    async def _lookup(self, owner: str, sandbox_id: str, *, fresh: bool) -> SandboxRecord:
+        rec = None if fresh else self._records.get(sandbox_id)
+        if rec is None:
+            # Not cached (another replica made it, or the caller wants the live state).
+            rec = await self.backend.get(sandbox_id)
+            if rec is not None:
+                self._records[rec.id] = rec
+            else:
+                self._forget(sandbox_id)
+        if rec is None or rec.owner != owner:
+            raise NotFound(f"no sandbox {sandbox_id!r}")
+        return rec
+
+    async def get(self, owner: str, sandbox_id: str) -> Sandbox:
+        return self.to_model(await self._lookup(owner, sandbox_id, fresh=True))
+
+    async def list_sandboxes(
+        self, owner: str, labels: dict[str, str] | None = None
+    ) -> list[Sandbox]:
+        records = await self.backend.list()
+        for rec in records:
+            self._records[rec.id] = rec
+        wanted = labels or {}
+        out = [
+            self.to_model(r)
+            for r in records
+            if r.owner == owner and all(r.labels.get(k) == v for k, v in wanted.items())
+        ]
+        return sorted(out, key=lambda s: (s.created_at, s.id))
+
+    # ------------------------------------------------------------ create / delete
+
+    def _spec(self, owner: str, req: SandboxCreate) -> SandboxSpec:
+        bad = [k for k in req.labels if k.startswith(RESERVED_LABEL_PREFIX)]
+        if bad:
+            raise InvalidRequest(f"label keys starting with 'orchard.' are reserved: {bad}")
+        sid = new_sandbox_id()
+        return SandboxSpec(
+            id=sid,
+            owner=owner,
+            image=req.image,
+            agent_token=self.config.agent_token(sid),
+            expires_at=time.time() + req.timeout_s,
+            cmd=req.cmd,
+            env=dict(req.env),
+            workdir=req.workdir,
+            user=req.user,
+            cpu=req.cpu,
+            memory_bytes=parse_memory(req.memory),
+            pids_limit=req.pids_limit,
+            idle_timeout_s=req.idle_timeout_s,
+            network=req.network,
+            labels={**req.labels, **self.config.extra_labels},
+        )
+
+    async def create(self, owner: str, req: SandboxCreate) -> Sandbox:
+        try:
+            spec = self._spec(owner, req)
+            sandbox = await self._create(spec, wait=req.wait)
+        except OrchardError as e:
+            self.metrics.creates.labels(e.code).inc()
+            raise
+        except Exception:
+            self.metrics.creates.labels("internal").inc()
+            raise
+        self.metrics.creates.labels("ok").inc()
+        return sandbox
+
+    async def _create(self, spec: SandboxSpec, *, wait: bool) -> Sandbox:
+        self._created.add(spec.id)
+        self._activity[spec.id] = time.time()
+        try:
+            rec = await self.backend.create(spec)
+            self._records[rec.id] = rec
+            if wait:
+                rec = await self._wait_ready(rec, time.monotonic() + self.config.ready_timeout_s)
+            else:
+                self._pending.add(rec.id)
+            return self.to_model(rec)
+        except BaseException:
+            # Nothing leaks: whatever part of the sandbox exists goes, even if we were cancelled.
+            await asyncio.shield(self._remove(spec.id))
+            raise
+
+    async def _wait_ready(self, rec: SandboxRecord, deadline: float) -> SandboxRecord:
+        agent = self._conn(rec)
+        delay = 0.002
+        while True:
+            try:
+                await agent.health()
+            except OrchardError:
+                pass
+            else:
+                self._pending.discard(rec.id)
+                return rec
+            latest = await self.backend.get(rec.id)
+            if latest is None:
+                raise Unavailable(f"sandbox {rec.id} vanished while starting")
+            self._records[rec.id] = latest
+            if latest.state in ("exited", "failed"):
+                detail = latest.error or f"exit code {latest.exit_code}"
+                raise Unavailable(f"sandbox {rec.id} stopped while starting ({detail})")
+            if time.monotonic() >= deadline:
+                raise AgentUnavailable(
+                    f"sandbox {rec.id}: agent not ready after {self.config.ready_timeout_s:g} s"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.1)
+
+    async def create_batch(self, owner: str, req: SandboxCreate) -> BatchCreateResult:
+        sem = asyncio.Semaphore(self.config.batch_concurrency)
+        one = req.model_copy(update={"count": 1})
+
+        async def _one() -> Sandbox | OrchardError:
+            async with sem:
+                try:
+                    return await self.create(owner, one)
+                except OrchardError as e:
+                    return e
+                except Exception as e:
+                    log.exception("batch create failed")
+                    return Unavailable(f"create failed: {type(e).__name__}")
+
+        results = await asyncio.gather(*(_one() for _ in range(req.count)))
+        ok = [r for r in results if isinstance(r, Sandbox)]
+        errors = [
+            ErrorBody(code=r.code, message=r.message, details=r.details)
+            for r in results
+            if isinstance(r, OrchardError)
+        ]
+        return BatchCreateResult(sandboxes=ok, errors=errors)
+
+    async def delete(self, owner: str, sandbox_id: str) -> None:
+        await self._lookup(owner, sandbox_id, fresh=False)
+        await self._remove(sandbox_id)
+
+    async def _remove(self, sandbox_id: str) -> None:
+        try:
+            await self.backend.delete(sandbox_id)
+        finally:
+            await self._drop_conn(sandbox_id)
+            self._forget(sandbox_id)
+
+    def _forget(self, sandbox_id: str) -> None:
+        self._records.pop(sandbox_id, None)
+        self._pending.discard(sandbox_id)
+        self._activity.pop(sandbox_id, None)
+        self._created.discard(sandbox_id)
+
+    async def _drop_conn(self, sandbox_id: str) -> None:
+        conn = self._conns.pop(sandbox_id, None)
+        if conn is not None:
+            await conn.aclose()
+
+    # ------------------------------------------------------------ updates
+
+    async def set_timeout(self, owner: str, sandbox_id: str, timeout_s: float) -> Sandbox:
+        await self._lookup(owner, sandbox_id, fresh=False)
+        rec = await self.backend.set_expiry(sandbox_id, time.time() + timeout_s)
+        self._records[rec.id] = rec
+        self.touch(sandbox_id)
+        return self.to_model(rec)
+
+    async def set_network(self, owner: str, sandbox_id: str, policy: NetworkPolicy) -> Sandbox:
+        await self._live(owner, sandbox_id)
+        rec = await self.backend.set_network(sandbox_id, policy)
+        self._records[rec.id] = rec
+        self.touch(sandbox_id)
+        return self.to_model(rec)
+
+    # ------------------------------------------------------------ data path
+
+    def touch(self, sandbox_id: str) -> None:
+        self._activity[sandbox_id] = time.time()
+
+    def _conn(self, rec: SandboxRecord) -> AgentClient:
+        conn = self._conns.get(rec.id)
+        if conn is None:
+            ep = rec.endpoint
+            conn = self._conns[rec.id] = AgentClient(
+                socket_path=ep.socket_path,
+                base_url=None if ep.socket_path else ep.base_url,
+                token=self.config.agent_token(rec.id),
+            )
+        return conn
+
+    async def _live(self, owner: str, sandbox_id: str) -> SandboxRecord:
+        rec = await self._lookup(owner, sandbox_id, fresh=False)
+        if rec.state in ("exited", "failed"):
+            # The cache may be stale (e.g. the expiry was raised elsewhere); ask once more.
+            rec = await self._lookup(owner, sandbox_id, fresh=True)
+        if rec.state == "exited":
+            raise SandboxExited(
+                f"sandbox {sandbox_id} has exited (exit code {rec.exit_code})",
+                details={"exit_code": rec.exit_code},
+            )
+        if rec.state == "failed":
+            raise SandboxExited(
+                f"sandbox {sandbox_id} failed: {rec.error or 'unknown error'}",
+                details={"exit_code": rec.exit_code, "error": rec.error},
+            )
+        return rec
+
+    async def agent(self, owner: str, sandbox_id: str) -> AgentClient:
+        """The agent connection for a per-sandbox request: checks ownership, marks activity."""
+        rec = await self._live(owner, sandbox_id)
+        self.touch(sandbox_id)
+        if rec.id in self._pending:
+            rec = await self._wait_ready(rec, time.monotonic() + self.config.ready_timeout_s)
+        return self._conn(rec)
+
+    async def agent_failed(self, owner: str, sandbox_id: str, exc: Exception) -> OrchardError:
+        """Explain a failed agent connection: the sandbox exited (410) or is unreachable (503)."""
+        await self._drop_conn(sandbox_id)
+        try:
+            await self._live(owner, sandbox_id)
+        except OrchardError as e:
+            return e
+        return AgentUnavailable(f"sandbox {sandbox_id}: agent unreachable ({type(exc).__name__})")
+
+    # ------------------------------------------------------------ reconcile
+
+    async def reconcile(self) -> dict[str, list[str]]:
+        """Rebuild the view from the backend and remove what is expired, idle or orphaned."""
+        listed_at = time.time()
+        try:
+            records = await self.backend.list()
+        except Exception:
+            self.last_reconcile_ok = False
+            raise
+        self.last_reconcile_ok = True
+        now = time.time()
+        seen = {r.id for r in records}
+        for gone in set(self._records) - seen:
+            cached = self._records.get(gone)
+            # A create that finished while we listed is not missing, just newer than the list.
+            if cached is not None and cached.created_at < listed_at - 5:
+                await self._drop_conn(gone)
+                self._forget(gone)
+        removed: dict[str, list[str]] = {"expired": [], "idle": [], "orphan": []}
+        for rec in records:
+            self._records[rec.id] = rec
+            reason = self._removal_reason(rec, now)
+            if reason:
+                removed[reason].append(rec.id)
+        orphan_hook: Any = getattr(self.backend, "remove_orphans", None)
+        jobs = [self._remove(i) for ids in removed.values() for i in ids]
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                log.warning("reconcile: delete failed: %s", r)
+        if callable(orphan_hook):
+            # Host leftovers the backend cannot list as sandboxes (e.g. folders with no container).
+            try:
+                extra = await orphan_hook(seen - {i for ids in removed.values() for i in ids})
+                removed["orphan"].extend(extra or [])
+            except Exception:
+                log.exception("reconcile: orphan cleanup failed")
+        for reason, ids in removed.items():
+            if ids:
+                self.metrics.reconciles.labels(reason).inc(len(ids))
+                log.info("reconcile removed %d %s sandboxes: %s", len(ids), reason, ids)
+        return removed
+
+    def _removal_reason(self, rec: SandboxRecord, now: float) -> str | None:
+        if not rec.owner or not rec.id or rec.expires_at <= 0:
+            return "orphan"
+        if rec.expires_at <= now:
+            return "expired"
+        if rec.idle_timeout_s:
+            last = max(self._activity.get(rec.id, 0.0), self.started_at, rec.created_at)
+            if now - last >= rec.idle_timeout_s:
+                return "idle"
+        return None
