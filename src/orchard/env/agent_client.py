@@ -312,6 +312,8 @@ class AgentClient:
         resp = await self._send(req, stream=True)
         try:
             yield resp
+        except httpx.TransportError as e:
+            raise AgentUnavailable(f"agent at {self._where()} broke off a stream: {e!r}") from e
         finally:
             await resp.aclose()
 
@@ -355,6 +357,8 @@ class AgentClient:
         try:
             await _raise_for_error(resp)
             yield resp
+        except httpx.TransportError as e:
+            raise AgentUnavailable(f"agent at {self._where()} broke off a stream: {e!r}") from e
         finally:
             await resp.aclose()
 
