@@ -1,0 +1,930 @@
+"""The REST API (docs/rest-api.md): FastAPI routes over `SandboxService`, plus `serve`.
+
+Per-sandbox routes forward to the sandbox's agent without re-shaping: JSON answers
+are passed through as bytes, NDJSON streams and downloads stream through, uploads
+stream to the agent with the size limit enforced on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+import anyio
+import httpx
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response, WebSocket
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import APIKeyHeader, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import HTTPConnection
+from websockets.asyncio.client import ClientConnection, connect, unix_connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from orchard import __version__
+from orchard.env.agent_client import AgentClient, agent_error
+from orchard.env.backends.base import Backend
+from orchard.env.config import ServiceConfig
+from orchard.env.errors import (
+    AgentUnavailable,
+    BadRequest,
+    InvalidRequest,
+    NotFound,
+    OrchardError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from orchard.env.metrics import Metrics
+from orchard.env.models import (
+    BatchCreateResult,
+    ErrorResponse,
+    ExecRequest,
+    ExecResult,
+    FileList,
+    FileStat,
+    Health,
+    MkdirRequest,
+    MoveRequest,
+    NetworkPolicy,
+    ProcessInfo,
+    ProcessList,
+    ProcessOutput,
+    ProcessStart,
+    RemoveRequest,
+    ResizeRequest,
+    Sandbox,
+    SandboxCreate,
+    SandboxList,
+    SignalRequest,
+    StdinWrite,
+    TarResult,
+    TimeoutUpdate,
+)
+from orchard.env.service import SandboxService
+
+log = logging.getLogger("orchard.api")
+
+KEY_QUERY = "orchard_key"
+# Quick agent routes get a bounded wait; exec/wait/streams/uploads bound themselves.
+_QUICK = httpx.Timeout(60.0, connect=10.0)
+_UNBOUNDED = httpx.Timeout(None, connect=10.0)
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "authorization",
+        "x-api-key",
+    }
+)
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": ErrorResponse} for s in (400, 401, 404, 410, 413, 422, 503)
+}
+
+
+# ---------------------------------------------------------------- auth & dependencies
+
+
+def _api_key(conn: HTTPConnection, *, allow_query: bool) -> str | None:
+    auth = conn.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    if conn.headers.get("x-api-key"):
+        return conn.headers["x-api-key"].strip()
+    if allow_query:
+        return conn.query_params.get(KEY_QUERY)
+    return None
+
+
+def _owner(conn: HTTPConnection, *, allow_query: bool) -> str:
+    config: ServiceConfig = conn.app.state.config
+    owner = config.owner_for(_api_key(conn, allow_query=allow_query))
+    if owner is None:
+        raise Unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
+    return owner
+
+
+# Declared so /openapi.json documents both ways to pass the key; checked in _owner.
+_bearer = HTTPBearer(auto_error=False, description="API key as a bearer token")
+_header_key = APIKeyHeader(name="X-API-Key", auto_error=False)
+
+
+def require_owner(
+    request: Request,
+    _b: Annotated[Any, Depends(_bearer)] = None,
+    _h: Annotated[Any, Depends(_header_key)] = None,
+) -> str:
+    return _owner(request, allow_query=False)
+
+
+def require_port_owner(
+    request: Request,
+    _b: Annotated[Any, Depends(_bearer)] = None,
+    _h: Annotated[Any, Depends(_header_key)] = None,
+) -> str:
+    return _owner(request, allow_query=True)
+
+
+def get_service(request: Request) -> SandboxService:
+    service: SandboxService = request.app.state.service
+    return service
+
+
+Owner = Annotated[str, Depends(require_owner)]
+Svc = Annotated[SandboxService, Depends(get_service)]
+
+
+# ---------------------------------------------------------------- forwarding helpers
+
+
+def _json_body(model: Any) -> bytes:
+    data: bytes = model.model_dump_json(exclude_none=True).encode()
+    return data
+
+
+async def _raise_agent_error(resp: httpx.Response) -> None:
+    raw = await resp.aread()
+    try:
+        body: Any = json.loads(raw)
+    except ValueError:
+        body = {"error": {"code": None, "message": raw.decode(errors="replace")[:500]}}
+    raise agent_error(resp.status_code, body)
+
+
+async def forward(
+    svc: SandboxService,
+    owner: str,
+    sid: str,
+    method: str,
+    path: str,
+    *,
+    params: Any = None,
+    content: bytes | AsyncIterator[bytes] | None = None,
+    content_type: str | None = "application/json",
+    timeout: httpx.Timeout = _QUICK,
+) -> Response:
+    """One agent call whose JSON answer is passed through as is (agent errors become ours)."""
+    agent = await svc.agent(owner, sid)
+    headers = {"Content-Type": content_type} if content is not None and content_type else None
+    try:
+        resp = await agent.forward(
+            method, path, params=params, headers=headers, content=content, timeout=timeout
+        )
+    except AgentUnavailable as e:
+        raise await svc.agent_failed(owner, sid, e) from e
+    finally:
+        svc.touch(sid)
+    if resp.status_code >= 400:
+        await _raise_agent_error(resp)
+    if resp.status_code == 204:
+        return Response(status_code=204)
+    return Response(
+        resp.content,
+        status_code=resp.status_code,
+        media_type=resp.headers.get("content-type", "application/json"),
+    )
+
+
+def _filtered(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in headers if k.decode("latin-1").lower() not in _HOP]
+
+
+async def stream(
+    svc: SandboxService,
+    owner: str,
+    sid: str,
+    method: str,
+    path: str,
+    *,
+    params: Any = None,
+    headers: list[tuple[str, str]] | None = None,
+    content: bytes | AsyncIterator[bytes] | None = None,
+    passthrough_errors: bool = False,
+) -> StreamingResponse:
+    """Open an agent stream and relay it; the upstream closes when the client goes away."""
+    agent = await svc.agent(owner, sid)
+    stack = AsyncExitStack()
+    try:
+        resp = await stack.enter_async_context(
+            agent.stream(method, path, params=params, headers=headers, content=content)
+        )
+    except AgentUnavailable as e:
+        await stack.aclose()
+        raise await svc.agent_failed(owner, sid, e) from e
+    except BaseException:
+        await stack.aclose()
+        raise
+    if resp.status_code >= 400 and not passthrough_errors:
+        try:
+            await _raise_agent_error(resp)
+        finally:
+            await stack.aclose()
+
+    async def relay() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in resp.aiter_raw():
+                yield chunk
+        finally:
+            # Shielded: on client disconnect this scope is cancelled, yet upstream must close.
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
+            svc.touch(sid)
+
+    out = StreamingResponse(relay(), status_code=resp.status_code)
+    out.raw_headers = _filtered(resp.headers.raw)
+    return out
+
+
+def _check_length(request: Request, limit: int) -> None:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"body of {declared} bytes exceeds the limit of {limit} bytes")
+
+
+async def _limited(request: Request, limit: int) -> AsyncIterator[bytes]:
+    """The request body, streamed; raises TooLarge once more than `limit` bytes arrived."""
+    seen = 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > limit:
+            raise TooLarge(f"body exceeds the limit of {limit} bytes")
+        if chunk:
+            yield chunk
+
+
+def _has_body(request: Request) -> bool:
+    cl = request.headers.get("content-length")
+    return bool(cl and cl != "0") or "transfer-encoding" in request.headers
+
+
+async def upload(
+    request: Request, svc: SandboxService, owner: str, sid: str, path: str, ctype: str
+) -> Response:
+    limit = svc.config.max_upload_bytes
+    _check_length(request, limit)
+    return await forward(
+        svc,
+        owner,
+        sid,
+        "PUT",
+        path,
+        params=request.query_params,
+        content=_limited(request, limit),
+        content_type=request.headers.get("content-type", ctype),
+        timeout=_UNBOUNDED,
+    )
+
+
+def _pid(pid: str) -> str:
+    return quote(pid, safe="")
+
+
+def _read_timeout(timeout_s: float | None) -> httpx.Timeout:
+    return _UNBOUNDED if not timeout_s else httpx.Timeout(timeout_s + 30.0, connect=10.0)
+
+
+# ---------------------------------------------------------------- routes: sandboxes
+
+router = APIRouter(responses=_ERRORS)
+SB = "/v1/sandboxes/{sandbox_id}"
+
+
+@router.post("/v1/sandboxes", status_code=201, response_model=Sandbox, tags=["sandboxes"])
+async def create_sandbox(body: SandboxCreate, owner: Owner, svc: Svc) -> Sandbox:
+    if body.count != 1:
+        raise InvalidRequest("count must be 1 here; use POST /v1/sandboxes/batch")
+    return await svc.create(owner, body)
+
+
+@router.post(
+    "/v1/sandboxes/batch", status_code=201, response_model=BatchCreateResult, tags=["sandboxes"]
+)
+async def create_batch(body: SandboxCreate, owner: Owner, svc: Svc) -> BatchCreateResult:
+    return await svc.create_batch(owner, body)
+
+
+@router.get("/v1/sandboxes", response_model=SandboxList, tags=["sandboxes"])
+async def list_sandboxes(
+    owner: Owner, svc: Svc, label: Annotated[list[str] | None, Query()] = None
+) -> SandboxList:
+    wanted: dict[str, str] = {}
+    for item in label or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise InvalidRequest(f"label filter must be key=value, got {item!r}")
+        wanted[k] = v
+    return SandboxList(sandboxes=await svc.list_sandboxes(owner, wanted))
+
+
+@router.get(SB, response_model=Sandbox, tags=["sandboxes"])
+async def get_sandbox(sandbox_id: str, owner: Owner, svc: Svc) -> Sandbox:
+    return await svc.get(owner, sandbox_id)
+
+
+@router.delete(SB, status_code=204, tags=["sandboxes"])
+async def delete_sandbox(sandbox_id: str, owner: Owner, svc: Svc) -> Response:
+    await svc.delete(owner, sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post(SB + "/timeout", response_model=Sandbox, tags=["sandboxes"])
+async def set_timeout(sandbox_id: str, body: TimeoutUpdate, owner: Owner, svc: Svc) -> Sandbox:
+    return await svc.set_timeout(owner, sandbox_id, body.timeout_s)
+
+
+@router.put(SB + "/network", response_model=Sandbox, tags=["sandboxes"])
+async def set_network(sandbox_id: str, body: NetworkPolicy, owner: Owner, svc: Svc) -> Sandbox:
+    return await svc.set_network(owner, sandbox_id, body)
+
+
+# ---------------------------------------------------------------- routes: exec & processes
+
+
+@router.post(SB + "/exec", response_model=ExecResult, tags=["exec"])
+async def exec_command(sandbox_id: str, body: ExecRequest, owner: Owner, svc: Svc) -> Response:
+    t0 = time.perf_counter()
+    try:
+        return await forward(
+            svc,
+            owner,
+            sandbox_id,
+            "POST",
+            "/exec",
+            content=_json_body(body),
+            timeout=_read_timeout(body.timeout_s),
+        )
+    finally:
+        svc.metrics.exec_latency.observe(time.perf_counter() - t0)
+
+
+_NDJSON: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/x-ndjson": {}}, "description": "StreamEvent lines"}
+}
+_BYTES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/octet-stream": {}}, "description": "raw bytes"}
+}
+
+
+@router.post(SB + "/exec/stream", responses=_NDJSON, tags=["exec"])
+async def exec_stream(
+    sandbox_id: str, body: ExecRequest, owner: Owner, svc: Svc
+) -> StreamingResponse:
+    return await stream(
+        svc,
+        owner,
+        sandbox_id,
+        "POST",
+        "/exec/stream",
+        headers=[("Content-Type", "application/json")],
+        content=_json_body(body),
+    )
+
+
+@router.post(SB + "/processes", status_code=201, response_model=ProcessInfo, tags=["processes"])
+async def start_process(sandbox_id: str, body: ProcessStart, owner: Owner, svc: Svc) -> Response:
+    return await forward(svc, owner, sandbox_id, "POST", "/processes", content=_json_body(body))
+
+
+@router.get(SB + "/processes", response_model=ProcessList, tags=["processes"])
+async def list_processes(sandbox_id: str, owner: Owner, svc: Svc) -> Response:
+    return await forward(svc, owner, sandbox_id, "GET", "/processes")
+
+
+@router.get(SB + "/processes/{pid}", response_model=ProcessInfo, tags=["processes"])
+async def get_process(sandbox_id: str, pid: str, owner: Owner, svc: Svc) -> Response:
+    return await forward(svc, owner, sandbox_id, "GET", f"/processes/{_pid(pid)}")
+
+
+@router.delete(SB + "/processes/{pid}", status_code=204, tags=["processes"])
+async def delete_process(sandbox_id: str, pid: str, owner: Owner, svc: Svc) -> Response:
+    return await forward(svc, owner, sandbox_id, "DELETE", f"/processes/{_pid(pid)}")
+
+
+@router.get(SB + "/processes/{pid}/output", response_model=ProcessOutput, tags=["processes"])
+async def process_output(
+    request: Request,
+    sandbox_id: str,
+    pid: str,
+    owner: Owner,
+    svc: Svc,
+    stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int | None, Query(ge=1)] = None,
+    encoding: Annotated[str, Query(pattern="^(text|base64)$")] = "text",
+) -> Response:
+    path = f"/processes/{_pid(pid)}/output"
+    return await forward(svc, owner, sandbox_id, "GET", path, params=request.query_params)
+
+
+@router.get(SB + "/processes/{pid}/follow", responses=_NDJSON, tags=["processes"])
+async def follow_process(
+    request: Request,
+    sandbox_id: str,
+    pid: str,
+    owner: Owner,
+    svc: Svc,
+    stdout_offset: Annotated[int, Query(ge=0)] = 0,
+    stderr_offset: Annotated[int, Query(ge=0)] = 0,
+    encoding: Annotated[str, Query(pattern="^(text|base64)$")] = "text",
+) -> StreamingResponse:
+    path = f"/processes/{_pid(pid)}/follow"
+    return await stream(svc, owner, sandbox_id, "GET", path, params=request.query_params)
+
+
+@router.post(SB + "/processes/{pid}/stdin", status_code=204, tags=["processes"])
+async def process_stdin(
+    sandbox_id: str, pid: str, body: StdinWrite, owner: Owner, svc: Svc
+) -> Response:
+    path = f"/processes/{_pid(pid)}/stdin"
+    return await forward(svc, owner, sandbox_id, "POST", path, content=_json_body(body))
+
+
+@router.post(SB + "/processes/{pid}/signal", status_code=204, tags=["processes"])
+async def process_signal(
+    sandbox_id: str, pid: str, body: SignalRequest, owner: Owner, svc: Svc
+) -> Response:
+    path = f"/processes/{_pid(pid)}/signal"
+    return await forward(svc, owner, sandbox_id, "POST", path, content=_json_body(body))
+
+
+@router.post(SB + "/processes/{pid}/resize", status_code=204, tags=["processes"])
+async def process_resize(
+    sandbox_id: str, pid: str, body: ResizeRequest, owner: Owner, svc: Svc
+) -> Response:
+    path = f"/processes/{_pid(pid)}/resize"
+    return await forward(svc, owner, sandbox_id, "POST", path, content=_json_body(body))
+
+
+@router.get(SB + "/processes/{pid}/wait", response_model=ProcessInfo, tags=["processes"])
+async def process_wait(
+    request: Request,
+    sandbox_id: str,
+    pid: str,
+    owner: Owner,
+    svc: Svc,
+    timeout_s: Annotated[float | None, Query(ge=0)] = None,
+) -> Response:
+    path = f"/processes/{_pid(pid)}/wait"
+    return await forward(
+        svc,
+        owner,
+        sandbox_id,
+        "GET",
+        path,
+        params=request.query_params,
+        timeout=_read_timeout(timeout_s),
+    )
+
+
+# ---------------------------------------------------------------- routes: files
+
+
+@router.get(SB + "/files", responses=_BYTES, tags=["files"])
+async def read_file(
+    request: Request,
+    sandbox_id: str,
+    path: str,
+    owner: Owner,
+    svc: Svc,
+    offset: Annotated[int | None, Query(ge=0)] = None,
+    length: Annotated[int | None, Query(ge=0)] = None,
+) -> StreamingResponse:
+    return await stream(svc, owner, sandbox_id, "GET", "/files", params=request.query_params)
+
+
+@router.put(SB + "/files", status_code=201, response_model=FileStat, tags=["files"])
+async def write_file(
+    request: Request,
+    sandbox_id: str,
+    path: str,
+    owner: Owner,
+    svc: Svc,
+    mode: str | None = None,
+    overwrite: bool | None = None,
+) -> Response:
+    return await upload(request, svc, owner, sandbox_id, "/files", "application/octet-stream")
+
+
+@router.get(SB + "/files/stat", response_model=FileStat, tags=["files"])
+async def stat_file(
+    request: Request, sandbox_id: str, path: str, owner: Owner, svc: Svc
+) -> Response:
+    return await forward(svc, owner, sandbox_id, "GET", "/files/stat", params=request.query_params)
+
+
+@router.get(SB + "/files/list", response_model=FileList, tags=["files"])
+async def list_files(
+    request: Request, sandbox_id: str, path: str, owner: Owner, svc: Svc
+) -> Response:
+    return await forward(svc, owner, sandbox_id, "GET", "/files/list", params=request.query_params)
+
+
+@router.post(SB + "/files/mkdir", response_model=FileStat, tags=["files"])
+async def mkdir(sandbox_id: str, body: MkdirRequest, owner: Owner, svc: Svc) -> Response:
+    return await forward(svc, owner, sandbox_id, "POST", "/files/mkdir", content=_json_body(body))
+
+
+@router.post(SB + "/files/remove", status_code=204, tags=["files"])
+async def remove(sandbox_id: str, body: RemoveRequest, owner: Owner, svc: Svc) -> Response:
+    return await forward(svc, owner, sandbox_id, "POST", "/files/remove", content=_json_body(body))
+
+
+@router.post(SB + "/files/move", response_model=FileStat, tags=["files"])
+async def move(sandbox_id: str, body: MoveRequest, owner: Owner, svc: Svc) -> Response:
+    return await forward(svc, owner, sandbox_id, "POST", "/files/move", content=_json_body(body))
+
+
+@router.put(SB + "/files/tar", response_model=TarResult, tags=["files"])
+async def upload_tar(
+    request: Request, sandbox_id: str, path: str, owner: Owner, svc: Svc
+) -> Response:
+    return await upload(request, svc, owner, sandbox_id, "/files/tar", "application/x-tar")
+
+
+@router.get(SB + "/files/tar", responses=_BYTES, tags=["files"])
+async def download_tar(
+    request: Request, sandbox_id: str, path: str, owner: Owner, svc: Svc
+) -> StreamingResponse:
+    return await stream(svc, owner, sandbox_id, "GET", "/files/tar", params=request.query_params)
+
+
+# ---------------------------------------------------------------- routes: port proxy
+
+PORTS = SB + "/ports/{port}/{path:path}"
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def _proxy_query(conn: HTTPConnection) -> str:
+    return urlencode([(k, v) for k, v in conn.query_params.multi_items() if k != KEY_QUERY])
+
+
+@router.api_route(PORTS, methods=_METHODS, tags=["ports"])
+async def port_proxy(
+    request: Request,
+    sandbox_id: str,
+    port: Annotated[int, PathParam(ge=1, le=65535)],
+    path: str,
+    owner: Annotated[str, Depends(require_port_owner)],
+    svc: Svc,
+) -> StreamingResponse:
+    limit = svc.config.max_upload_bytes
+    _check_length(request, limit)
+    headers = [
+        (k.decode("latin-1"), v.decode("latin-1"))
+        for k, v in _filtered(request.headers.raw)
+        if k.lower() != b"content-length"
+    ]
+    content = _limited(request, limit) if _has_body(request) else None
+    return await stream(
+        svc,
+        owner,
+        sandbox_id,
+        request.method,
+        f"/proxy/{port}/{quote(path)}",
+        params=_proxy_query(request),
+        headers=headers,
+        content=content,
+        passthrough_errors=True,
+    )
+
+
+async def _deny(ws: WebSocket, err: OrchardError, metrics: Metrics) -> None:
+    metrics.errors.labels(err.code).inc()
+    try:
+        await ws.send_denial_response(JSONResponse(err.to_body(), status_code=err.status))
+    except RuntimeError:
+        await ws.close(code=1008, reason=err.code)
+
+
+@router.websocket(PORTS)
+async def port_proxy_ws(ws: WebSocket, sandbox_id: str, port: int, path: str) -> None:
+    """Bridge a WebSocket to the sandbox's server through the agent's /proxy route."""
+    svc: SandboxService = ws.app.state.service
+    try:
+        owner = _owner(ws, allow_query=True)
+        agent = await svc.agent(owner, sandbox_id)
+        upstream = await _ws_connect(svc, owner, agent, sandbox_id, port, path, ws)
+    except OrchardError as e:
+        await _deny(ws, e, svc.metrics)
+        return
+    async with upstream:
+        await ws.accept(subprotocol=upstream.subprotocol)
+        await _ws_relay(svc, sandbox_id, ws, upstream)
+
+
+async def _ws_connect(
+    svc: SandboxService,
+    owner: str,
+    agent: AgentClient,
+    sid: str,
+    port: int,
+    path: str,
+    ws: WebSocket,
+) -> ClientConnection:
+    query = _proxy_query(ws)
+    target = f"/proxy/{port}/{quote(path)}" + (f"?{query}" if query else "")
+    skip = _HOP | {"origin", "cookie"}
+    headers = [
+        (k, v)
+        for k, v in ws.headers.items()
+        if k not in skip and not k.startswith("sec-websocket-")
+    ]
+    headers.append(("Authorization", f"Bearer {svc.config.agent_token(sid)}"))
+    if "cookie" in ws.headers:
+        headers.append(("Cookie", ws.headers["cookie"]))
+    protocols: Any = ws.scope.get("subprotocols") or None
+    opts: dict[str, Any] = {
+        "additional_headers": headers,
+        "subprotocols": protocols,
+        "origin": ws.headers.get("origin"),
+        "max_size": None,
+        "compression": None,
+        "open_timeout": 10,
+        "ping_interval": None,
+    }
+    try:
+        if agent.socket_path:
+            return await unix_connect(agent.socket_path, f"ws://agent{target}", **opts)
+        base = agent.base_url.replace("http", "ws", 1)
+        return await connect(base + target, **opts)
+    except InvalidStatus as e:
+        if e.response.status_code == 401:
+            raise AgentUnavailable(f"sandbox {sid}: agent refused the token") from e
+        raise Unavailable(
+            f"sandbox {sid}: port {port} answered HTTP {e.response.status_code} to the upgrade"
+        ) from e
+    except (OSError, WebSocketException, TimeoutError) as e:
+        raise await svc.agent_failed(owner, sid, e) from e
+
+
+async def _ws_relay(
+    svc: SandboxService, sid: str, ws: WebSocket, upstream: ClientConnection
+) -> None:
+    async def client_to_upstream() -> None:
+        while True:
+            msg = await ws.receive()
+            svc.touch(sid)
+            if msg["type"] == "websocket.disconnect":
+                await upstream.close(code=msg.get("code", 1000) or 1000)
+                return
+            if msg.get("text") is not None:
+                await upstream.send(msg["text"])
+            elif msg.get("bytes") is not None:
+                await upstream.send(msg["bytes"])
+
+    async def upstream_to_client() -> None:
+        try:
+            async for data in upstream:
+                svc.touch(sid)
+                if isinstance(data, str):
+                    await ws.send_text(data)
+                else:
+                    await ws.send_bytes(data)
+        except ConnectionClosed:
+            pass
+        code = upstream.close_code or 1000
+        with contextlib.suppress(RuntimeError, OSError):
+            await ws.close(code=1000 if code in (1005, 1006) else code)
+
+    tasks = [asyncio.create_task(client_to_upstream()), asyncio.create_task(upstream_to_client())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+
+# ---------------------------------------------------------------- service routes
+
+
+@router.get("/healthz", response_model=Health, tags=["service"])
+async def healthz(svc: Svc) -> Health:
+    return Health(
+        status="ok" if svc.last_reconcile_ok else "degraded",
+        version=__version__,
+        backend=svc.backend.name,
+        sandboxes=svc.count(),
+    )
+
+
+@router.get("/metrics", tags=["service"], response_class=Response)
+async def metrics(svc: Svc) -> Response:
+    svc.metrics.set_states(svc.states())
+    return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    def reply(err: OrchardError, status: int | None = None) -> JSONResponse:
+        metrics.errors.labels(err.code).inc()
+        return JSONResponse(err.to_body(), status_code=status or err.status)
+
+    async def on_orchard(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, OrchardError)
+        return reply(exc)
+
+    async def on_validation(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
+            for e in exc.errors()
+        ]
+        if any(e["type"] == "json_invalid" for e in errors):
+            return reply(BadRequest("malformed JSON body", details={"errors": errors}))
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"])
+        return reply(InvalidRequest(f"{where}: {first['msg']}", details={"errors": errors}))
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 404:
+            err: OrchardError = NotFound(f"no route {request.method} {request.url.path}")
+        else:
+            err = OrchardError(str(exc.detail))
+            err.code = {405: "method_not_allowed"}.get(  # type: ignore[misc]
+                exc.status_code, "http_error"
+            )
+        return reply(err, exc.status_code)
+
+    async def on_any(request: Request, exc: Exception) -> Response:
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return reply(OrchardError("internal error"), 500)
+
+    app.add_exception_handler(OrchardError, on_orchard)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_any)
+
+
+# ---------------------------------------------------------------- app
+
+
+def make_backend(config: ServiceConfig) -> Backend:
+    if config.backend == "docker":
+        from orchard.env.agent_client import locate_agent_binary
+        from orchard.env.backends.docker import DockerBackend
+
+        binary = config.agent_binary or str(locate_agent_binary())
+        return DockerBackend(config.state_dir, binary)
+    raise InvalidRequest(f"unknown backend {config.backend!r} (available: docker)")
+
+
+def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI:
+    """The service as an ASGI app; its lifespan starts the service and the reconcile loop."""
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            service = SandboxService(config, backend or make_backend(config), metrics)
+            await service.start()
+        except BaseException as e:
+            app.state.startup_error = e
+            raise
+        app.state.service = service
+        try:
+            yield
+        finally:
+            await service.stop(delete_created=app.state.delete_on_close)
+
+    app = FastAPI(
+        title="Orchard Env",
+        version=__version__,
+        description="Sandboxes for LLM agents (docs/rest-api.md).",
+        lifespan=lifespan,
+    )
+    app.state.config = config
+    app.state.delete_on_close = False
+    app.state.startup_error = None
+    _install_error_handlers(app, metrics)
+    app.include_router(router)
+    return app
+
+
+def _unix_socket(path: str) -> socket.socket:
+    """Bind a Unix socket only its owner may use (uvicorn's own would be 0666)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(2048)
+    return sock
+
+
+def serve(
+    config: ServiceConfig,
+    host: str | None = "127.0.0.1",
+    port: int = 8080,
+    uds: str | None = None,
+    *,
+    log_level: str = "info",
+) -> None:
+    """Run the service until interrupted (`orchard serve`); refuses unsafe binds first."""
+    config.check_bind(None if uds else host, uds)
+    app = create_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host or "127.0.0.1", port=port, log_level=log_level, server_header=False
+        )
+    )
+    if uds:
+        server.run(sockets=[_unix_socket(uds)])
+    else:
+        server.run()
+
+
+class EmbeddedService:
+    """The service in a background thread on a private Unix socket (the SDK's no-URL mode).
+
+    Auth is off (the socket lives in a 0700 temp folder); sandboxes it created are deleted
+    on close only when asked (`delete_on_close`), so scripts may leave work running.
+    """
+
+    def __init__(
+        self,
+        config: ServiceConfig | None = None,
+        *,
+        backend: Backend | None = None,
+        delete_on_close: bool = False,
+        log_level: str = "warning",
+    ) -> None:
+        base = config or ServiceConfig.from_env()
+        self.config = replace(base, api_keys={})
+        self.delete_on_close = delete_on_close
+        self._dir = Path(tempfile.mkdtemp(prefix="orchard-"))
+        self.socket_path = str(self._dir / "orchard.sock")
+        self.base_url = "http://orchard"
+        self.app = create_app(self.config, backend)
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, log_level=log_level, lifespan="on", server_header=False)
+        )
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout_s: float = 30.0) -> EmbeddedService:
+        """Start serving on `socket_path`; returns self."""
+        sock = _unix_socket(self.socket_path)
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
+            name="orchard-embedded",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                err = self.app.state.startup_error
+                self.stop()
+                raise Unavailable(f"embedded Orchard service did not start: {err or 'timeout'}")
+            time.sleep(0.005)
+        return self
+
+    def stop(self, delete_sandboxes: bool | None = None) -> None:
+        """Stop serving; delete this instance's sandboxes if asked (here or at init)."""
+        delete = self.delete_on_close if delete_sandboxes is None else delete_sandboxes
+        self.app.state.delete_on_close = delete
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            self._thread = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    close = stop
+
+    def __enter__(self) -> EmbeddedService:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
