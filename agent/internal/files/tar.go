@@ -175,7 +175,9 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 	case tar.TypeDir:
 		return x.dir(dst, h)
 	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse, tar.TypeCont:
-		return x.file(dst, h, r)
+		if err := x.file(dst, h, r); err != nil {
+			return err
+		}
 	case tar.TypeSymlink:
 		if strings.IndexByte(h.Linkname, 0) >= 0 {
 			return api.BadRequest("symlink %q has a NUL byte in its target", h.Name)
@@ -215,7 +217,8 @@ func (x *extractor) resolveDir(rel string, create bool) (string, error) {
 	if rel == "." {
 		return cur, nil
 	}
-	for _, part := range strings.Split(rel, "/") {
+	parts := strings.Split(rel, "/")
+	for i, part := range parts {
 		next := filepath.Join(cur, part)
 		fi, err := os.Lstat(next)
 		switch {
@@ -228,7 +231,8 @@ func (x *extractor) resolveDir(rel string, create bool) (string, error) {
 		case fi.Mode()&fs.ModeSymlink != 0:
 			real, err := filepath.EvalSymlinks(next)
 			if err != nil || !x.inside(real) {
-				return "", api.BadRequest("tar entries under %q would leave the target folder through a symlink", rel)
+				return "", api.BadRequest("symlink %q leads outside the target folder; no entry may pass through it",
+					strings.Join(parts[:i+1], "/"))
 			}
 			if rfi, err := os.Stat(real); err != nil || !rfi.IsDir() {
 				return "", api.BadRequest("%q is a symlink to a non-directory", rel)
