@@ -1,0 +1,622 @@
+"""Docker backend: one container per sandbox on the local engine (DOCKER_HOST honoured).
+
+The agent binary is bind-mounted read-only and made the entrypoint; it runs as root (so
+it can run execs as any user) and listens on a Unix socket in a per-sandbox host folder,
+`<state_dir>/sandboxes/<id>/run/`, mounted at /.orchard/run. The image's own
+entrypoint+cmd (or the spec's cmd) runs under it as a supervised child.
+
+Containers carry everything needed to rebuild a record as labels, so a restarted service
+rebuilds its view from `list()`. Labels are immutable, so what can change later (expiry,
+network policy) is also kept in `<state_dir>/sandboxes/<id>/meta.json`, which is never
+mounted into the sandbox and wins over the labels. Only plain Engine API calls are used,
+so Podman's Docker-compatible API works too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiodocker
+import aiohttp
+from aiodocker.exceptions import DockerError
+
+from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
+from orchard.env.errors import (
+    Conflict,
+    ImageNotFound,
+    InvalidRequest,
+    NotFound,
+    OrchardError,
+    RegistryUnavailable,
+    SandboxExited,
+    Unavailable,
+)
+from orchard.env.models import NetworkPolicy
+from orchard.env.network import (
+    DEFAULT_NETWORK,
+    DEFAULT_SUBNET,
+    EgressFirewall,
+    ResolvedAllow,
+    resolve_allow,
+    sandbox_tag,
+)
+
+log = logging.getLogger("orchard.docker")
+
+AGENT_PATH = "/.orchard/agent"
+RUN_DIR = "/.orchard/run"
+SOCKET_NAME = "agent.sock"
+LABEL = "orchard."
+USER_LABEL = "orchard.label."
+DEFAULT_PIDS_LIMIT = 4096
+# How long an image name -> (id, config) lookup is trusted; creates of one image in a burst
+# then cost one inspect, and a re-tagged image is picked up soon after.
+IMAGE_CACHE_TTL_S = 30.0
+# Orphan host folders younger than this may belong to a create still in flight elsewhere.
+ORPHAN_GRACE_S = 120.0
+# From Docker's default set: NET_RAW (raw sockets could forge source addresses and slip past
+# per-IP egress rules; ICMP echo still works through unprivileged ping sockets), MKNOD (device
+# nodes), AUDIT_WRITE (host audit log), SETFCAP (granting file capabilities). SETUID/SETGID,
+# CHOWN, DAC_OVERRIDE, FOWNER and KILL stay: the agent needs them to act as other users.
+CAP_DROP = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP")
+_SUN_PATH_MAX = 107
+_EXIT_RE = re.compile(r"Exited \((-?\d+)\)")
+_UNREACHABLE = (
+    "dial tcp",
+    "no such host",
+    "connection refused",
+    "i/o timeout",
+    "timeout",
+    "tls",
+    "network is unreachable",
+    "server misbehaving",
+    "eof",
+)
+_MISSING = (
+    "manifest unknown",
+    "not found",
+    "repository does not exist",
+    "pull access denied",
+    "name unknown",
+    "no such image",
+)
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str
+    entrypoint: list[str]
+    cmd: list[str]
+    user: str
+
+
+def _float(value: str | None) -> float | None:
+    return float(value) if value else None
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value else None
+
+
+def _state(status: str) -> BackendState:
+    if status == "created":
+        return "pending"
+    if status in ("running", "paused", "restarting"):
+        return "running"
+    if status == "dead":
+        return "failed"
+    return "exited"
+
+
+class DockerBackend:
+    """The Backend protocol on a Docker (or Podman) engine; see the module docstring."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        state_dir: Path,
+        agent_binary: Path,
+        *,
+        docker_url: str | None = None,
+        network_name: str = DEFAULT_NETWORK,
+        subnet: str = DEFAULT_SUBNET,
+        default_pids_limit: int = DEFAULT_PIDS_LIMIT,
+        pull_timeout_s: float = 300.0,
+        extra_labels: Mapping[str, str] | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir).resolve()
+        self.agent_binary = Path(agent_binary).resolve()
+        if not self.agent_binary.is_file():
+            raise ValueError(f"agent binary {self.agent_binary} does not exist (run `make agent`)")
+        self.network_name = network_name
+        self.default_pids_limit = default_pids_limit
+        self.pull_timeout_s = pull_timeout_s
+        self.extra_labels = dict(extra_labels or {})
+        self.firewall = EgressFirewall(subnet)
+        self._docker_url = docker_url or os.environ.get("DOCKER_HOST") or None
+        self._docker: aiodocker.Docker | None = None
+        self._net_ready = False
+        self._net_lock = asyncio.Lock()
+        self._images: dict[str, tuple[float, ImageInfo]] = {}
+        self._image_locks: dict[str, asyncio.Lock] = {}
+        self._creating: set[str] = set()
+        # Sandboxes get no IPv6 at all, so link-local addresses cannot reach host services.
+        self._sysctls = (
+            {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
+            if Path("/proc/sys/net/ipv6").exists()
+            else {}
+        )
+        (self.state_dir / "sandboxes").mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ helpers
+
+    @property
+    def docker(self) -> aiodocker.Docker:
+        # Created lazily: aiohttp wants a running event loop.
+        if self._docker is None:
+            self._docker = aiodocker.Docker(url=self._docker_url)
+        return self._docker
+
+    def _box(self, sandbox_id: str) -> Path:
+        return self.state_dir / "sandboxes" / sandbox_id
+
+    def _endpoint(self, sandbox_id: str) -> AgentEndpoint:
+        return AgentEndpoint(socket_path=str(self._box(sandbox_id) / "run" / SOCKET_NAME))
+
+    @staticmethod
+    def _container_name(sandbox_id: str) -> str:
+        return f"orchard-{sandbox_id}"
+
+    @contextlib.asynccontextmanager
+    async def _engine(self, what: str) -> AsyncIterator[None]:
+        """Turn engine failures into typed errors; callers handle the statuses they expect."""
+        try:
+            yield
+        except OrchardError:
+            raise
+        except DockerError as e:
+            if e.status == 400:
+                raise InvalidRequest(f"{what}: {e.message}") from e
+            if e.status == 404:
+                raise NotFound(f"{what}: {e.message}") from e
+            if e.status == 409:
+                raise Conflict(f"{what}: {e.message}") from e
+            raise Unavailable(f"{what}: docker engine said {e.status}: {e.message}") from e
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise Unavailable(f"{what}: docker engine unreachable: {e}") from e
+
+    def _read_meta(self, sandbox_id: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self._box(sandbox_id) / "meta.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _write_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
+        path = self._box(sandbox_id) / "meta.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, path)
+
+    def _update_meta(self, sandbox_id: str, **changes: Any) -> None:
+        meta = self._read_meta(sandbox_id) or {"id": sandbox_id}
+        meta.update(changes)
+        self._write_meta(sandbox_id, meta)
+
+    # ------------------------------------------------------------ images
+
+    async def _image(self, name: str) -> ImageInfo:
+        """Inspect (pulling if missing) once per name and TTL, even under a burst of creates."""
+        hit = self._images.get(name)
+        if hit and time.monotonic() - hit[0] < IMAGE_CACHE_TTL_S:
+            return hit[1]
+        lock = self._image_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            hit = self._images.get(name)
+            if hit and time.monotonic() - hit[0] < IMAGE_CACHE_TTL_S:
+                return hit[1]
+            try:
+                async with self._engine(f"inspect image {name!r}"):
+                    data = await self.docker.images.inspect(name)
+            except NotFound:
+                await self._pull(name)
+                async with self._engine(f"inspect image {name!r}"):
+                    data = await self.docker.images.inspect(name)
+            cfg = data.get("Config") or {}
+            info = ImageInfo(
+                id=str(data["Id"]),
+                entrypoint=list(cfg.get("Entrypoint") or []),
+                cmd=list(cfg.get("Cmd") or []),
+                user=str(cfg.get("User") or ""),
+            )
+            self._images[name] = (time.monotonic(), info)
+            return info
+
+    async def _pull(self, name: str) -> None:
+        log.info("pulling %s", name)
+        try:
+            async with asyncio.timeout(self.pull_timeout_s):
+                await self.docker.images.pull(name)
+        except TimeoutError as e:
+            raise RegistryUnavailable(
+                f"pulling image {name!r} took over {self.pull_timeout_s:.0f} s"
+            ) from e
+        except DockerError as e:
+            msg = str(e.message)
+            low = msg.lower()
+            if e.status == 400 or "invalid reference" in low:
+                raise InvalidRequest(f"invalid image reference {name!r}: {msg}") from e
+            if any(m in low for m in _UNREACHABLE):
+                raise RegistryUnavailable(f"cannot pull image {name!r}: {msg}") from e
+            if e.status == 404 or any(m in low for m in _MISSING):
+                raise ImageNotFound(f"image {name!r} not found: {msg}") from e
+            raise RegistryUnavailable(f"cannot pull image {name!r}: {msg}") from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise Unavailable(f"pulling image {name!r}: docker engine unreachable: {e}") from e
+
+    # ------------------------------------------------------------ network
+
+    async def _ensure_network(self) -> None:
+        """Create Orchard's bridge network (ICC off) and the host rules, once per process."""
+        if self._net_ready:
+            return
+        async with self._net_lock:
+            if self._net_ready:
+                return
+            async with self._engine(f"network {self.network_name}"):
+                try:
+                    info = await (await self.docker.networks.get(self.network_name)).show()
+                except DockerError as e:
+                    if e.status != 404:
+                        raise
+                    info = await self._create_network()
+            configs = (info.get("IPAM") or {}).get("Config") or []
+            subnet = next((c["Subnet"] for c in configs if ":" not in c.get("Subnet", ":")), None)
+            if subnet is None:
+                raise Unavailable(f"network {self.network_name} has no IPv4 subnet")
+            if subnet != self.firewall.subnet:
+                # The network already exists with another subnet: rules must match reality.
+                log.warning("network %s uses subnet %s", self.network_name, subnet)
+                self.firewall = EgressFirewall(subnet)
+            await self.firewall.ensure()
+            self._net_ready = True
+
+    async def _create_network(self) -> dict[str, Any]:
+        config = {
+            "Name": self.network_name,
+            "Driver": "bridge",
+            "CheckDuplicate": True,
+            "EnableIPv6": False,
+            "IPAM": {"Driver": "default", "Config": [{"Subnet": self.firewall.subnet}]},
+            "Options": {"com.docker.network.bridge.enable_icc": "false"},
+            "Labels": {"orchard.managed": "1"},
+        }
+        try:
+            net = await self.docker.networks.create(config)
+        except DockerError as e:
+            if e.status != 409:
+                raise
+            net = await self.docker.networks.get(self.network_name)  # created concurrently
+        return await net.show()
+
+    def _ip(self, container: dict[str, Any]) -> str:
+        nets = (container.get("NetworkSettings") or {}).get("Networks") or {}
+        ip = str((nets.get(self.network_name) or {}).get("IPAddress") or "")
+        if not ip:
+            raise Unavailable(f"container {container.get('Name')} got no address")
+        return ip
+
+    async def _allow(self, policy: NetworkPolicy) -> ResolvedAllow:
+        if policy.egress != "allow":
+            return ResolvedAllow((), False)
+        return await resolve_allow(policy.allow)
+
+    # ------------------------------------------------------------ create
+
+    def _labels(
+        self, spec: SandboxSpec, image: ImageInfo, created_at: float, pids: int
+    ) -> dict[str, str]:
+        labels = dict(self.extra_labels)
+        labels.update(
+            {
+                "orchard.managed": "1",
+                "orchard.sandbox": spec.id,
+                "orchard.owner": spec.owner,
+                "orchard.image": spec.image,
+                "orchard.state_dir": str(self.state_dir),
+                "orchard.created_at": repr(created_at),
+                "orchard.expires_at": repr(float(spec.expires_at)),
+                "orchard.idle_timeout_s": repr(spec.idle_timeout_s) if spec.idle_timeout_s else "",
+                "orchard.network": spec.network.model_dump_json(),
+                "orchard.cpu": repr(spec.cpu) if spec.cpu else "",
+                "orchard.memory": str(spec.memory_bytes or ""),
+                "orchard.pids": str(pids),
+                "orchard.default_user": spec.user or image.user,
+            }
+        )
+        labels.update({USER_LABEL + k: v for k, v in spec.labels.items()})
+        return labels
+
+    def _config(self, spec: SandboxSpec, image: ImageInfo, labels: dict[str, str]) -> Any:
+        child = image.entrypoint + image.cmd if spec.cmd == [] else list(spec.cmd or [])
+        args = ["--socket", f"{RUN_DIR}/{SOCKET_NAME}"]
+        if child:
+            args += ["--", *child]
+        pids = int(labels["orchard.pids"])
+        host: dict[str, Any] = {
+            "Binds": [
+                f"{self.agent_binary}:{AGENT_PATH}:ro",
+                f"{self._box(spec.id) / 'run'}:{RUN_DIR}",
+            ],
+            "NetworkMode": "none" if spec.network.egress == "none" else self.network_name,
+            "Init": False,  # the agent is PID 1 and reaps orphans itself
+            "CapDrop": list(CAP_DROP),
+            # Still lets the root agent drop to a lower uid for `user` execs (no gain on exec).
+            "SecurityOpt": ["no-new-privileges"],
+            "PidsLimit": pids,
+            "Sysctls": self._sysctls,
+        }
+        if spec.cpu:
+            host["NanoCpus"] = int(spec.cpu * 1e9)
+        if spec.memory_bytes:
+            host["Memory"] = spec.memory_bytes
+            host["MemorySwap"] = spec.memory_bytes  # no swap beyond the limit
+        env = [f"{k}={v}" for k, v in spec.env.items()]
+        env.append(f"ORCHARD_AGENT_TOKEN={spec.agent_token}")
+        return {
+            "Image": image.id,  # the id we inspected, so entrypoint/cmd/user match it
+            "Entrypoint": [AGENT_PATH],
+            "Cmd": args,
+            "Env": env,  # the engine merges it over the image's env
+            "WorkingDir": spec.workdir or "",  # empty: the image's own
+            "User": "0",
+            "Labels": labels,
+            "HostConfig": host,
+        }
+
+    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        sandbox_tag(spec.id)  # validates the id (it becomes a name, a path and a rule comment)
+        sock = self._endpoint(spec.id).socket_path or ""
+        if len(sock) > _SUN_PATH_MAX:
+            raise InvalidRequest(
+                f"socket path too long ({len(sock)} bytes): use a shorter state dir"
+            )
+        if any(k.startswith("ORCHARD_AGENT_") for k in spec.env):
+            raise InvalidRequest("env names starting with ORCHARD_AGENT_ are reserved")
+        egress = spec.network.egress
+        allow = await self._allow(spec.network)
+        image = await self._image(spec.image)
+        if egress != "none":
+            await self._ensure_network()
+        box = self._box(spec.id)
+        if box.exists() or spec.id in self._creating:
+            raise Conflict(f"sandbox {spec.id} already exists")
+        self._creating.add(spec.id)
+        try:
+            (box / "run").mkdir(parents=True)
+            box.chmod(0o700)
+            created_at = time.time()
+            pids = spec.pids_limit or self.default_pids_limit
+            labels = self._labels(spec, image, created_at, pids)
+            self._write_meta(
+                spec.id,
+                {
+                    "id": spec.id,
+                    "owner": spec.owner,
+                    "created_at": created_at,
+                    "expires_at": spec.expires_at,
+                    "network": spec.network.model_dump(),
+                },
+            )
+            config = self._config(spec, image, labels)
+            async with self._engine(f"create sandbox {spec.id}"):
+                try:
+                    container = await self.docker.containers.create(
+                        config, name=self._container_name(spec.id)
+                    )
+                except DockerError as e:
+                    if e.status == 404:  # the image went away since we inspected it
+                        self._images.pop(spec.image, None)
+                        raise ImageNotFound(f"image {spec.image!r} is gone: {e.message}") from e
+                    raise
+                await container.start()
+                if egress != "none":
+                    ip = self._ip(await container.show())
+                    await self.firewall.apply(spec.id, ip, egress, allow)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.delete(spec.id)
+            raise
+        finally:
+            self._creating.discard(spec.id)
+        return self._record(labels, "running", None, None, None)
+
+    # ------------------------------------------------------------ records
+
+    def _record(
+        self,
+        labels: Mapping[str, str],
+        state: BackendState,
+        exit_code: int | None,
+        error: str | None,
+        meta: dict[str, Any] | None,
+    ) -> SandboxRecord:
+        sid = labels["orchard.sandbox"]
+        network = NetworkPolicy.model_validate_json(labels.get("orchard.network") or "{}")
+        expires_at = float(labels.get("orchard.expires_at") or 0)
+        if meta:
+            expires_at = float(meta.get("expires_at", expires_at))
+            if "network" in meta:
+                network = NetworkPolicy.model_validate(meta["network"])
+        return SandboxRecord(
+            id=sid,
+            owner=labels.get("orchard.owner", ""),
+            image=labels.get("orchard.image", ""),
+            state=state,
+            created_at=float(labels.get("orchard.created_at") or 0),
+            expires_at=expires_at,
+            endpoint=self._endpoint(sid),
+            idle_timeout_s=_float(labels.get("orchard.idle_timeout_s")),
+            network=network,
+            labels={k[len(USER_LABEL) :]: v for k, v in labels.items() if k.startswith(USER_LABEL)},
+            cpu=_float(labels.get("orchard.cpu")),
+            memory_bytes=_int(labels.get("orchard.memory")),
+            pids_limit=_int(labels.get("orchard.pids")),
+            exit_code=exit_code,
+            error=error,
+        )
+
+    def _ours(self, labels: Mapping[str, str] | None) -> bool:
+        return bool(
+            labels
+            and labels.get("orchard.managed") == "1"
+            and labels.get("orchard.state_dir") == str(self.state_dir)
+            and "orchard.sandbox" in labels
+        )
+
+    def _from_inspect(self, data: dict[str, Any]) -> SandboxRecord | None:
+        labels = (data.get("Config") or {}).get("Labels") or {}
+        if not self._ours(labels):
+            return None
+        st = data.get("State") or {}
+        state = _state(str(st.get("Status", "")))
+        exit_code = int(st["ExitCode"]) if state == "exited" and "ExitCode" in st else None
+        error = str(st.get("Error") or "") or ("out of memory" if st.get("OOMKilled") else None)
+        return self._record(
+            labels, state, exit_code, error, self._read_meta(labels["orchard.sandbox"])
+        )
+
+    async def _inspect(self, sandbox_id: str) -> dict[str, Any] | None:
+        try:
+            async with self._engine(f"inspect sandbox {sandbox_id}"):
+                container = await self.docker.containers.get(self._container_name(sandbox_id))
+        except NotFound:
+            return None
+        return dict(container._container)
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        data = await self._inspect(sandbox_id)
+        return self._from_inspect(data) if data else None
+
+    async def list(self) -> list[SandboxRecord]:
+        filters = {"label": ["orchard.managed=1", f"orchard.state_dir={self.state_dir}"]}
+        async with self._engine("list sandboxes"):
+            containers = await self.docker.containers.list(all="1", filters=json.dumps(filters))
+        records = []
+        for c in containers:
+            raw: dict[str, Any] = c._container
+            labels = raw.get("Labels") or {}
+            if not self._ours(labels):
+                continue
+            state = _state(str(raw.get("State", "")))
+            exit_code = None
+            if state == "exited" and (m := _EXIT_RE.search(str(raw.get("Status", "")))):
+                exit_code = int(m.group(1))
+            meta = self._read_meta(labels["orchard.sandbox"])
+            records.append(self._record(labels, state, exit_code, None, meta))
+        return records
+
+    # ------------------------------------------------------------ updates
+
+    async def _require(self, sandbox_id: str) -> tuple[dict[str, Any], SandboxRecord]:
+        data = await self._inspect(sandbox_id)
+        rec = self._from_inspect(data) if data else None
+        if data is None or rec is None:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        return data, rec
+
+    async def set_expiry(self, sandbox_id: str, expires_at: float) -> SandboxRecord:
+        _, rec = await self._require(sandbox_id)
+        self._update_meta(sandbox_id, expires_at=float(expires_at))
+        rec.expires_at = float(expires_at)
+        return rec
+
+    async def set_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxRecord:
+        data, rec = await self._require(sandbox_id)
+        if rec.state != "running":
+            raise SandboxExited(
+                f"sandbox {sandbox_id} is not running", details={"state": rec.state}
+            )
+        allow = await self._allow(policy)
+        previous = rec.network
+        attached = ((data.get("NetworkSettings") or {}).get("Networks") or {}).keys()
+        cid = str(data["Id"])
+        # Recorded first, so a crash half-way still leaves delete() knowing there are rules.
+        self._update_meta(sandbox_id, network=policy.model_dump())
+        try:
+            async with self._engine(f"network of sandbox {sandbox_id}"):
+                if policy.egress == "none":
+                    await self.firewall.remove(sandbox_id)
+                    if self.network_name in attached:
+                        net = await self.docker.networks.get(self.network_name)
+                        await net.disconnect({"Container": cid, "Force": True})
+                else:
+                    await self._ensure_network()
+                    if self.network_name not in attached:
+                        if "none" in attached:
+                            none = await self.docker.networks.get("none")
+                            await none.disconnect({"Container": cid, "Force": True})
+                        net = await self.docker.networks.get(self.network_name)
+                        # Until apply() below, ORCHARD-EGRESS drops everything from it.
+                        await net.connect({"Container": cid})
+                        data = (await self.docker.containers.get(cid))._container
+                    ip = self._ip(data)
+                    await self.firewall.apply(sandbox_id, ip, policy.egress, allow)
+        except BaseException:
+            self._update_meta(sandbox_id, network=previous.model_dump())
+            raise
+        rec.network = policy
+        return rec
+
+    # ------------------------------------------------------------ delete
+
+    async def delete(self, sandbox_id: str) -> None:
+        try:
+            sandbox_tag(sandbox_id)
+        except InvalidRequest:
+            return  # no sandbox can have such an id
+        try:
+            async with self._engine(f"delete sandbox {sandbox_id}"):
+                container = self.docker.containers.container(self._container_name(sandbox_id))
+                await container.delete(force=True, v=True)
+        except (NotFound, Conflict):
+            pass  # gone already, or its removal is already in progress
+        meta = self._read_meta(sandbox_id)
+        had_rules = meta is None or (meta.get("network") or {}).get("egress", "none") != "none"
+        if had_rules and shutil.which("iptables"):
+            await self.firewall.remove(sandbox_id)
+        shutil.rmtree(self._box(sandbox_id), ignore_errors=True)
+
+    async def remove_orphans(self, known: set[str]) -> builtins.list[str]:
+        """Delete host folders whose container is gone (called by the service's reconcile)."""
+        removed: builtins.list[str] = []
+        now = time.time()
+        for box in (self.state_dir / "sandboxes").iterdir():
+            sid = box.name
+            if sid in known or sid in self._creating:
+                continue
+            with contextlib.suppress(OSError):
+                if now - box.stat().st_mtime < ORPHAN_GRACE_S:
+                    continue
+            if await self._inspect(sid) is None:
+                await self.delete(sid)
+                removed.append(sid)
+        return removed
+
+    async def close(self) -> None:
+        if self._docker is not None:
+            await self._docker.close()
+            self._docker = None
