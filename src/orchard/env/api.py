@@ -575,6 +575,7 @@ async def download_tar(
 # ---------------------------------------------------------------- routes: port proxy
 
 PORTS = SB + "/ports/{port}/{path:path}"
+_SMALL_BODY = 1 << 20
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
@@ -598,7 +599,13 @@ async def port_proxy(
         for k, v in _filtered(request.headers.raw)
         if k.lower() != b"content-length"
     ]
-    content = _limited(request, limit) if _has_body(request) else None
+    declared = request.headers.get("content-length", "")
+    content: bytes | AsyncIterator[bytes] | None = None
+    if declared.isdigit() and int(declared) <= _SMALL_BODY:
+        # Small bodies keep their Content-Length (many servers reject chunked requests).
+        content = await request.body()
+    elif _has_body(request):
+        content = _limited(request, limit)
     return await stream(
         svc,
         owner,
@@ -793,8 +800,8 @@ def make_backend(config: ServiceConfig) -> Backend:
         from orchard.env.agent_client import locate_agent_binary
         from orchard.env.backends.docker import DockerBackend
 
-        binary = config.agent_binary or str(locate_agent_binary())
-        return DockerBackend(config.state_dir, binary)
+        binary = Path(config.agent_binary) if config.agent_binary else locate_agent_binary()
+        return DockerBackend(config.state_dir, binary, extra_labels=config.extra_labels)
     raise InvalidRequest(f"unknown backend {config.backend!r} (available: docker)")
 
 
@@ -869,8 +876,8 @@ def serve(
 class EmbeddedService:
     """The service in a background thread on a private Unix socket (the SDK's no-URL mode).
 
-    Auth is off (the socket lives in a 0700 temp folder); sandboxes it created are deleted
-    on close only when asked (`delete_on_close`), so scripts may leave work running.
+    Auth is off unless `keep_api_keys` (the socket is 0600 in a 0700 temp folder); sandboxes
+    it created are deleted on close only when asked, so scripts may leave work running.
     """
 
     def __init__(
@@ -879,10 +886,11 @@ class EmbeddedService:
         *,
         backend: Backend | None = None,
         delete_on_close: bool = False,
+        keep_api_keys: bool = False,
         log_level: str = "warning",
     ) -> None:
         base = config or ServiceConfig.from_env()
-        self.config = replace(base, api_keys={})
+        self.config = base if keep_api_keys else replace(base, api_keys={})
         self.delete_on_close = delete_on_close
         self._dir = Path(tempfile.mkdtemp(prefix="orchard-"))
         self.socket_path = str(self._dir / "orchard.sock")

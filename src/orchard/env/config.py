@@ -93,7 +93,7 @@ class ServiceConfig:
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     ready_timeout_s: float = 60.0
     batch_concurrency: int = 32
-    # Extra labels put on every sandbox (tests use {"orchard.test": "1"}).
+    # Extra backend labels on every sandbox's container (tests use {"orchard.test": "1"}).
     extra_labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

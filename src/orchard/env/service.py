@@ -120,7 +120,6 @@ class SandboxService:
         status: SandboxStatus = rec.state if rec.state != "running" else "ready"
         if rec.state == "running" and rec.id in self._pending:
             status = "pending"
-        labels = {k: v for k, v in rec.labels.items() if k not in self.config.extra_labels}
         return Sandbox(
             id=rec.id,
             image=rec.image,
@@ -128,7 +127,7 @@ class SandboxService:
             created_at=_dt(rec.created_at),
             expires_at=_dt(rec.expires_at),
             idle_timeout_s=rec.idle_timeout_s,
-            labels=labels,
+            labels=rec.labels,
             network=rec.network,
             resources=Resources(
                 cpu=rec.cpu, memory_bytes=rec.memory_bytes, pids_limit=rec.pids_limit
@@ -195,7 +194,7 @@ class SandboxService:
             pids_limit=req.pids_limit,
             idle_timeout_s=req.idle_timeout_s,
             network=req.network,
-            labels={**req.labels, **self.config.extra_labels},
+            labels=dict(req.labels),
         )
 
     async def create(self, owner: str, req: SandboxCreate) -> Sandbox:
