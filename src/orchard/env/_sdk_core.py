@@ -666,6 +666,8 @@ def extract_tar(stream: IO[bytes], dest: str | os.PathLike[str]) -> m.TarResult:
     files = total = 0
     with tarfile.open(fileobj=stream, mode="r|*") as tar:
         for member in tar:
+            if member.name.startswith("/"):  # the data filter would quietly re-root it
+                raise OrchardError(f"unsafe entry in archive: absolute name {member.name!r}")
             try:
                 tar.extract(member, root, filter="data")
             except tarfile.FilterError as exc:
