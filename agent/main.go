@@ -1,0 +1,279 @@
+// Command orchard-agent is the in-sandbox agent: the sandbox's first process,
+// serving exec, background processes, PTYs, files and a port proxy over
+// HTTP on a Unix socket and/or TCP (docs/agent-api.md).
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/orchard-env/orchard/agent/internal/api"
+	"github.com/orchard-env/orchard/agent/internal/files"
+	"github.com/orchard-env/orchard/agent/internal/proxy"
+)
+
+// version is set at build time: -ldflags "-X main.version=...".
+var version = "dev"
+
+const (
+	defaultMaxOutput = 1 << 20
+	shutdownGrace    = 5 * time.Second
+)
+
+type config struct {
+	listen    string
+	socket    string
+	token     string
+	spillDir  string
+	maxOutput int
+	entry     []string
+}
+
+// loadConfig reads flags, falling back to ORCHARD_AGENT_* variables.
+func loadConfig(args []string, getenv func(string) string) (*config, error) {
+	fs := flag.NewFlagSet("orchard-agent", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg := &config{}
+	var tokenFile, maxOutput string
+	fs.StringVar(&cfg.listen, "listen", getenv("ORCHARD_AGENT_LISTEN"), "TCP address to listen on, e.g. :9090")
+	fs.StringVar(&cfg.socket, "socket", getenv("ORCHARD_AGENT_SOCKET"), "Unix socket path to listen on")
+	fs.StringVar(&tokenFile, "token-file", getenv("ORCHARD_AGENT_TOKEN_FILE"), "file holding the bearer token")
+	fs.StringVar(&cfg.spillDir, "spill-dir", getenv("ORCHARD_AGENT_SPILL_DIR"), "folder for full outputs of capped streams")
+	fs.StringVar(&maxOutput, "max-output", getenv("ORCHARD_AGENT_MAX_OUTPUT"), "per-stream cap for blocking exec, bytes")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	cfg.entry = fs.Args()
+	if cfg.listen == "" && cfg.socket == "" {
+		return nil, errors.New("nothing to listen on: give --listen and/or --socket")
+	}
+	if cfg.spillDir == "" {
+		cfg.spillDir = "/tmp/orchard"
+	}
+	cfg.maxOutput = defaultMaxOutput
+	if maxOutput != "" {
+		n, err := strconv.Atoi(maxOutput)
+		if err != nil || n < 2 {
+			return nil, fmt.Errorf("--max-output %q: want a byte count of at least 2", maxOutput)
+		}
+		cfg.maxOutput = n
+	}
+	cfg.token = getenv("ORCHARD_AGENT_TOKEN")
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("token file: %w", err)
+		}
+		cfg.token = string(b)
+	}
+	cfg.token = strings.TrimSpace(cfg.token)
+	if cfg.token == "" {
+		return nil, errors.New("no token: set ORCHARD_AGENT_TOKEN or --token-file; the agent never serves unauthenticated")
+	}
+	return cfg, nil
+}
+
+// agent is the state shared by the handlers.
+type agent struct {
+	reaper    *reaper
+	spillDir  string
+	maxOutput int
+	baseEnv   []string
+	started   time.Time
+	procs     procTable
+}
+
+func newAgent(cfg *config, r *reaper) *agent {
+	return &agent{
+		reaper: r, spillDir: cfg.spillDir, maxOutput: cfg.maxOutput,
+		baseEnv: scrubbedEnv(os.Environ()), started: time.Now(),
+		procs: procTable{procs: map[string]*proc{}},
+	}
+}
+
+func (a *agent) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", a.handleHealth)
+	mux.HandleFunc("/exec", a.handleExec)
+	mux.HandleFunc("/exec/stream", a.handleExecStream)
+	mux.HandleFunc("/processes", a.handleProcesses)
+	mux.HandleFunc("/processes/", a.handleProcess)
+	files.Register(mux)
+	proxy.Register(mux)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		api.WriteError(w, api.NotFound("no route %s", r.URL.Path))
+	})
+	return mux
+}
+
+func (a *agent) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if !api.RequireMethod(w, r, http.MethodGet, http.MethodHead) {
+		return
+	}
+	api.WriteJSON(w, http.StatusOK, map[string]any{
+		"status": "ok", "version": version, "pid": os.Getpid(),
+		"uptime_s": time.Since(a.started).Seconds(),
+	})
+}
+
+// requireToken lets only GET /health through without the bearer token.
+// Both sides are hashed first so the comparison takes the same time
+// whatever the length or content of the guess.
+func requireToken(token string, next http.Handler) http.Handler {
+	want := sha256.Sum256([]byte("Bearer " + token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="orchard-agent"`)
+			api.WriteError(w, api.Errf(http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token"))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// listenUnix binds path, replacing a stale socket left by an earlier run.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		_ = os.Remove(path)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	// The token, not file permissions, guards the agent; the host-side
+	// service may connect as any user.
+	_ = os.Chmod(path, 0o666)
+	return l, nil
+}
+
+// startEntrypoint runs the image's own entrypoint+cmd as a supervised child
+// with the agent's stdio; its exit is logged, the sandbox stays up.
+func (a *agent) startEntrypoint(argv []string) error {
+	path, err := lookPath(argv[0], a.baseEnv, "")
+	if err != nil {
+		return err
+	}
+	attr := &syscall.ProcAttr{
+		Env:   a.baseEnv,
+		Files: []uintptr{os.Stdin.Fd(), os.Stdout.Fd(), os.Stderr.Fd()},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	pid, exit, err := a.reaper.start(path, argv, attr)
+	if err != nil {
+		return err
+	}
+	go func() {
+		code, sig := exitInfo(<-exit)
+		if sig != nil {
+			log.Printf("entrypoint (pid %d) killed by %s", pid, *sig)
+		} else {
+			log.Printf("entrypoint (pid %d) exited with %d", pid, code)
+		}
+	}()
+	return nil
+}
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+func run(args []string) int {
+	log.SetFlags(0)
+	log.SetPrefix("orchard-agent: ")
+	// Signals are caught first so a SIGTERM during start-up is not lost.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	cfg, err := loadConfig(args, os.Getenv)
+	if err != nil {
+		log.Print(err)
+		return 2
+	}
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "ORCHARD_AGENT_") {
+			_ = os.Unsetenv(k)
+		}
+	}
+	if os.Getpid() != 1 {
+		becomeSubreaper()
+	}
+	a := newAgent(cfg, newReaper(true))
+
+	var listeners []net.Listener
+	if cfg.socket != "" {
+		l, err := listenUnix(cfg.socket)
+		if err != nil {
+			log.Printf("listen on %s: %v", cfg.socket, err)
+			return 1
+		}
+		listeners = append(listeners, l)
+	}
+	if cfg.listen != "" {
+		l, err := net.Listen("tcp", cfg.listen)
+		if err != nil {
+			log.Printf("listen on %s: %v", cfg.listen, err)
+			return 1
+		}
+		listeners = append(listeners, l)
+	}
+	srv := &http.Server{
+		Handler:           requireToken(cfg.token, a.routes()),
+		ReadHeaderTimeout: 30 * time.Second,
+		ErrorLog:          log.New(io.Discard, "", 0),
+	}
+	for _, l := range listeners {
+		go func(l net.Listener) { _ = srv.Serve(l) }(l)
+	}
+	if len(cfg.entry) > 0 {
+		if err := a.startEntrypoint(cfg.entry); err != nil {
+			log.Printf("entrypoint %q not started: %v", cfg.entry[0], err)
+		}
+	}
+
+	sig := <-sigs
+	log.Printf("%v: stopping children", sig)
+	stopped := make(chan struct{})
+	go func() {
+		a.reaper.shutdown(sig.(syscall.Signal), shutdownGrace)
+		close(stopped)
+	}()
+	// Shutdown lets open streams finish (they end as their processes exit);
+	// once the children are gone, whatever is still open is closed.
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-stopped
+		time.Sleep(100 * time.Millisecond)
+		cancel()
+	}()
+	if err := srv.Shutdown(ctx); err != nil {
+		_ = srv.Close()
+	}
+	<-stopped
+	if cfg.socket != "" {
+		_ = os.Remove(cfg.socket)
+	}
+	return 0
+}
