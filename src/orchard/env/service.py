@@ -328,9 +328,9 @@ class SandboxService:
             )
         return conn
 
-    async def _live(self, owner: str, sandbox_id: str) -> SandboxRecord:
-        rec = await self._lookup(owner, sandbox_id, fresh=False)
-        if rec.state in ("exited", "failed"):
+    async def _live(self, owner: str, sandbox_id: str, *, fresh: bool = False) -> SandboxRecord:
+        rec = await self._lookup(owner, sandbox_id, fresh=fresh)
+        if rec.state in ("exited", "failed") and not fresh:
             # The cache may be stale (e.g. the expiry was raised elsewhere); ask once more.
             rec = await self._lookup(owner, sandbox_id, fresh=True)
         if rec.state == "exited":
@@ -357,7 +357,7 @@ class SandboxService:
         """Explain a failed agent connection: the sandbox exited (410) or is unreachable (503)."""
         await self._drop_conn(sandbox_id)
         try:
-            await self._live(owner, sandbox_id)
+            await self._live(owner, sandbox_id, fresh=True)
         except OrchardError as e:
             return e
         return AgentUnavailable(f"sandbox {sandbox_id}: agent unreachable ({type(exc).__name__})")
