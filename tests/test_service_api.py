@@ -312,6 +312,19 @@ def test_exec_and_stream(alice: httpx.Client, sandbox: str) -> None:
     assert events[-1]["type"] == "exit" and events[-1]["exit_code"] == 0
 
 
+def test_stream_closed_by_client_stops_upstream(alice: httpx.Client, sandbox: str) -> None:
+    base = f"/v1/sandboxes/{sandbox}"
+    body = {"cmd": "echo start; sleep 77"}
+    with alice.stream("POST", f"{base}/exec/stream", json=body) as resp:
+        first = json.loads(next(resp.iter_lines()))
+        assert first["data"] == "start\n"
+    # The service closed its agent stream, so the agent ended the command.
+    deadline = time.monotonic() + 10
+    while "sleep 77" in alice.post(f"{base}/exec", json={"cmd": "ps"}).json()["stdout"]:
+        assert time.monotonic() < deadline, "the streamed command outlived its client"
+        time.sleep(0.1)
+
+
 def test_processes(alice: httpx.Client, sandbox: str) -> None:
     base = f"/v1/sandboxes/{sandbox}/processes"
     r = alice.post(base, json={"cmd": "cat", "tag": "cat"})
@@ -399,7 +412,9 @@ def test_upload_limit(alice: httpx.Client, sandbox: str) -> None:
 
 
 def test_metrics_and_health(service: EmbeddedService, alice: httpx.Client, sandbox: str) -> None:
+    assert alice.post(f"/v1/sandboxes/{sandbox}/exec", json={"cmd": "true"}).is_success
     with _client(service, None) as anon:
+        assert anon.get("/v1/sandboxes").status_code == 401
         text = anon.get("/metrics").text
         health = anon.get("/healthz").json()
     assert 'orchard_sandboxes{state="ready"}' in text

@@ -583,7 +583,6 @@ def _proxy_query(conn: HTTPConnection) -> str:
     return urlencode([(k, v) for k, v in conn.query_params.multi_items() if k != KEY_QUERY])
 
 
-@router.api_route(PORTS, methods=_METHODS, tags=["ports"])
 async def port_proxy(
     request: Request,
     sandbox_id: str,
@@ -616,6 +615,17 @@ async def port_proxy(
         headers=headers,
         content=content,
         passthrough_errors=True,
+    )
+
+
+for _method in _METHODS:  # one operation per method, so OpenAPI operation ids stay unique
+    router.add_api_route(
+        PORTS,
+        port_proxy,
+        methods=[_method],
+        tags=["ports"],
+        operation_id=f"port_proxy_{_method.lower()}",
+        response_class=StreamingResponse,
     )
 
 
