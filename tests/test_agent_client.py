@@ -281,7 +281,7 @@ async def test_follow_resumes_from_offsets(host_agent: HostAgent) -> None:
         assert first[-1]["type"] == "exit" and first[-1]["exit_code"] == 0
         text = "".join(e["data"] for e in first if e["type"] == "stdout")
         assert text == "n1\nn2\nn3\nn4\n"
-        again = [e async for e in agent.follow_process(p.id, stdout_offset=6, stderr_offset=1)]
+        again = [e async for e in agent.follow_process(p.id, stdout_offset=6, stderr_offset=2)]
         assert "".join(e["data"] for e in again if e["type"] == "stdout") == "n3\nn4\n"
         assert not [e for e in again if e["type"] == "stderr"]
 
