@@ -326,7 +326,13 @@ func (a *agent) spawn(s *cmdSpec, keepStdin bool, pty *ptySize) (*child, error) 
 		} else {
 			f, err := os.Open(os.DevNull)
 			if err != nil {
-				return nil, err
+				// No /dev/null (a bare rootfs): an empty pipe reads EOF too.
+				r, w, perr := os.Pipe()
+				if perr != nil {
+					return nil, perr
+				}
+				_ = w.Close()
+				f = r
 			}
 			stdin = f
 		}
