@@ -1,18 +1,22 @@
 """Session fixtures shared by every test file: Docker, the agent binary, test images, temp dirs.
 
 Tests that use `docker_ready` (directly or through an image fixture) are marked
-`docker` automatically. Containers a test starts should carry the label
-`orchard.test=1` (see `TEST_LABEL`); any left behind are removed when the session ends.
+`docker` automatically. Containers a test starts should carry `TEST_LABELS` (at least
+`orchard.test=1`); those left behind are removed when the session ends -- all of them
+when no other pytest session is running on this host, else only this session's own
+(`orchard.test.session=<id>`), so parallel sessions do not kill each other's containers.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +30,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_LABEL = "orchard.test=1"
+TEST_SESSION = uuid.uuid4().hex[:12]
+TEST_LABELS = {"orchard.test": "1", "orchard.test.session": TEST_SESSION}
+_SESSIONS_DIR = Path(tempfile.gettempdir()) / "orchard-test-sessions"
 # Packages later tests rely on in the Debian image (a repo to clone, tests to run).
 DEBIAN_TEST_PACKAGES = ("python3", "git", "python3-pytest", "ca-certificates")
 _DOCKER_FIXTURES = {"docker_ready", "busybox_image", "debian_image"}
@@ -46,9 +53,9 @@ def anyio_backend() -> str:
 # ---------------------------------------------------------------- docker
 
 
-def _remove_test_containers() -> None:
+def _remove_containers(label_filter: str) -> None:
     ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={TEST_LABEL}"],
+        ["docker", "ps", "-aq", "--filter", f"label={label_filter}"],
         capture_output=True,
         text=True,
         check=False,
@@ -57,11 +64,36 @@ def _remove_test_containers() -> None:
         subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
 
 
+def _other_session_running(own: Path) -> bool:
+    """True if another pytest session holds its lock file; stale ones are removed."""
+    running = False
+    for path in _SESSIONS_DIR.glob("*.lock"):
+        if path == own:
+            continue
+        with path.open("a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                running = True
+                continue
+            path.unlink(missing_ok=True)
+    return running
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _cleanup_test_containers() -> Iterator[None]:
-    yield
-    if shutil.which("docker"):
-        _remove_test_containers()
+    _SESSIONS_DIR.mkdir(parents=True, exist_ok=True)
+    own = _SESSIONS_DIR / f"{TEST_SESSION}.lock"
+    with own.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held for the whole session: "I am running"
+        try:
+            yield
+        finally:
+            if shutil.which("docker"):
+                _remove_containers(f"orchard.test.session={TEST_SESSION}")
+                if not _other_session_running(own):
+                    _remove_containers(TEST_LABEL)
+            own.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")

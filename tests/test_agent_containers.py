@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_LABEL
+from conftest import TEST_LABELS
 from orchard.env.agent_client import AgentClient
 from orchard.env.errors import Unauthorized
 
@@ -58,6 +58,10 @@ def docker(*args: str) -> str:
     return proc.stdout.strip()
 
 
+def label_args() -> list[str]:
+    return [arg for k, v in TEST_LABELS.items() for arg in ("--label", f"{k}={v}")]
+
+
 def start_agent_container(
     image: str, agent_binary: Path, host_dir: Path, child: list[str] | None = None
 ) -> Container:
@@ -66,8 +70,7 @@ def start_agent_container(
     args = [
         "run",
         "-d",
-        "--label",
-        TEST_LABEL,
+        *label_args(),
         "--network",
         "none",
         "--entrypoint",
@@ -249,7 +252,7 @@ def test_image_entrypoint_and_cmd_run_under_the_agent(
     """An image's own ENTRYPOINT+CMD start as the agent's child; SIGTERM stops it all."""
     tag = f"orchard-test/entry-{container.kind}:{uuid.uuid4().hex[:12]}"
     cmd = "echo entry-ran; echo $$ > /tmp/entry-pid; exec sleep 300"
-    base = docker("create", "--label", TEST_LABEL, container.image)
+    base = docker("create", *label_args(), container.image)
     host_dir = Path(tempfile.mkdtemp(prefix="orch-e-"))
     try:
         docker(
