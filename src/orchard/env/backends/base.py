@@ -64,6 +64,8 @@ class SandboxRecord:
     pids_limit: int | None = None
     exit_code: int | None = None
     error: str | None = None
+    # Who execs run as when a request names no user: the spec's user, else the image's USER.
+    default_user: str | None = None
 
 
 class Backend(Protocol):

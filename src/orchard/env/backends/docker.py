@@ -477,6 +477,7 @@ class DockerBackend:
             pids_limit=_int(labels.get("orchard.pids")),
             exit_code=exit_code,
             error=error,
+            default_user=labels.get("orchard.default_user") or None,
         )
 
     def _ours(self, labels: Mapping[str, str] | None) -> bool:
