@@ -20,6 +20,7 @@ import pytest
 
 from conftest import HostAgent
 from orchard.env.agent_client import AgentClient, locate_agent_binary
+from orchard.env.backends.base import AgentEndpoint
 from orchard.env.errors import (
     AgentUnavailable,
     BadRequest,
@@ -359,3 +360,32 @@ async def test_forward_passes_requests_verbatim(host_agent: HostAgent) -> None:
         async with agent.stream("POST", "/exec/stream", json_body={"cmd": "echo s"}) as sresp:
             raw = b"".join([c async for c in sresp.aiter_raw()])
         assert sresp.status_code == 200 and b'"exit"' in raw
+
+
+async def test_process_output_beyond_the_memory_bound_stays_readable(host_agent: HostAgent) -> None:
+    """Past 4 MiB the agent spills to a file; every byte must still be readable by offset."""
+    size = 6 << 20
+    async with client_for(host_agent) as agent:
+        p = await agent.start_process(f"head -c {size} /dev/zero | tr '\\0' 'x'; echo -n END")
+        done = await agent.wait_process(p.id, timeout_s=60)
+        assert done.exit_code == 0 and done.stdout_bytes == size + 3
+        head = await agent.process_output(p.id, offset=0, limit=1000)
+        assert head.data == "x" * 1000 and head.next_offset == 1000 and not head.eof
+        tail = await agent.process_output(p.id, offset=size - 2, limit=1 << 16)
+        assert tail.data == "xxEND" and tail.eof and not tail.dropped
+        assert tail.next_offset == size + 3
+
+
+async def test_numeric_signal_reaches_the_whole_group(host_agent: HostAgent) -> None:
+    async with client_for(host_agent) as agent:
+        p = await agent.start_process("sleep 30 & sleep 30; echo never")
+        await agent.signal_process(p.id, 9, group=True)
+        done = await agent.wait_process(p.id, timeout_s=10)
+        assert done.status == "exited" and done.exit_code == 128 + 9
+        assert (await agent.process_output(p.id)).data == ""
+
+
+async def test_client_for_a_backend_endpoint(host_agent: HostAgent) -> None:
+    endpoint = AgentEndpoint(socket_path=str(host_agent.socket_path))
+    async with AgentClient.for_endpoint(endpoint, host_agent.token) as agent:
+        assert (await agent.exec(["echo", "ok"])).stdout == "ok\n"

@@ -23,6 +23,7 @@ from typing import Any, Literal, TypedDict, Unpack
 
 import httpx
 
+from orchard.env.backends.base import AgentEndpoint
 from orchard.env.errors import (
     AgentUnavailable,
     BadRequest,
@@ -193,6 +194,11 @@ class AgentClient:
             headers=headers,
             timeout=httpx.Timeout(timeout, connect=10.0),
         )
+
+    @classmethod
+    def for_endpoint(cls, endpoint: AgentEndpoint, token: str, **kw: Any) -> AgentClient:
+        """A client for where a backend says the sandbox's agent listens."""
+        return cls(socket_path=endpoint.socket_path, base_url=endpoint.base_url, token=token, **kw)
 
     async def __aenter__(self) -> AgentClient:
         return self
