@@ -9,10 +9,13 @@ import asyncio
 import base64
 import hashlib
 import io
+import json
 import os
 import subprocess
 import tarfile
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -389,3 +392,59 @@ async def test_client_for_a_backend_endpoint(host_agent: HostAgent) -> None:
     endpoint = AgentEndpoint(socket_path=str(host_agent.socket_path))
     async with AgentClient.for_endpoint(endpoint, host_agent.token) as agent:
         assert (await agent.exec(["echo", "ok"])).stdout == "ok\n"
+
+
+class _Echo(BaseHTTPRequestHandler):
+    """Answers with what it received, so the proxy's forwarding can be checked."""
+
+    def _answer(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        seen = {
+            "method": self.command,
+            "path": self.path,
+            "headers": {k.lower(): v for k, v in self.headers.items()},
+            "body": body.decode(),
+        }
+        data = json.dumps(seen).encode()
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Echo", "yes")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def echo_port() -> Iterator[int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_port_proxy_forwards_method_query_headers_body(
+    host_agent: HostAgent, echo_port: int
+) -> None:
+    async with client_for(host_agent) as agent:
+        resp = await agent.forward(
+            "POST",
+            f"/proxy/{echo_port}/api/items",
+            params={"q": "a b", "n": "2"},
+            headers={"X-Custom": "kept", "Content-Type": "text/plain"},
+            content=b"payload",
+        )
+    assert resp.status_code == 201 and resp.headers["x-echo"] == "yes"
+    seen = resp.json()
+    assert seen["method"] == "POST" and seen["body"] == "payload"
+    assert seen["path"] in ("/api/items?q=a+b&n=2", "/api/items?q=a%20b&n=2")
+    assert seen["headers"]["x-custom"] == "kept"
+    assert "authorization" not in seen["headers"]  # the agent's token never leaves the agent
