@@ -874,7 +874,12 @@ def serve(
     app = create_app(config)
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=host or "127.0.0.1", port=port, log_level=log_level, server_header=False
+            app,
+            host=host or "127.0.0.1",
+            port=port,
+            log_level=log_level,
+            server_header=False,
+            lifespan="on",  # a failed startup must stop the server, not serve without state
         )
     )
     if uds:
