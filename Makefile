@@ -4,7 +4,7 @@ VENV       := .venv
 PY         := $(VENV)/bin/python
 VERSION    := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 AGENT_BIN  := build/orchard-agent
-AGENT_SRC  := $(wildcard agent/*.go) agent/go.mod
+AGENT_SRC  := $(shell find agent -name "*.go" -not -name "*_test.go") agent/go.mod
 export HF_HUB_OFFLINE := 1
 
 .PHONY: setup agent lint test test-go test-py demo bench clean help

@@ -53,10 +53,11 @@ func WriteError(w http.ResponseWriter, err error) {
 // MaxJSONBody bounds request bodies decoded as JSON (commands, small file ops).
 const MaxJSONBody = 16 << 20
 
-// ReadJSON decodes a bounded JSON body into v, rejecting unknown shapes with 400/413.
+// ReadJSON decodes a bounded JSON body into v, rejecting unknown fields and bad shapes with 400, oversized bodies with 413.
 func ReadJSON(r *http.Request, v any) error {
 	body := http.MaxBytesReader(nil, r.Body, MaxJSONBody)
 	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields() // a typo such as "timeout" for "timeout_s" must not pass silently
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
