@@ -420,11 +420,15 @@ type pump struct {
 	n    atomic.Int64
 }
 
-func startPump(r *os.File, sink func([]byte)) *pump {
+// A pipe's read end is closed at EOF; a PTY master (keepOpen) is not, since
+// closing it hangs up the terminal, which SIGHUPs a session still exiting.
+func startPump(r *os.File, keepOpen bool, sink func([]byte)) *pump {
 	p := &pump{done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		defer r.Close()
+		if !keepOpen {
+			defer r.Close()
+		}
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := r.Read(buf)
@@ -518,8 +522,8 @@ func (a *agent) handleExec(w http.ResponseWriter, r *http.Request) {
 	}
 	out := newCapture(s.limit, a.spillDir, "stdout")
 	errOut := newCapture(s.limit, a.spillDir, "stderr")
-	p1 := startPump(c.stdout, func(b []byte) { _, _ = out.Write(b) })
-	p2 := startPump(c.stderr, func(b []byte) { _, _ = errOut.Write(b) })
+	p1 := startPump(c.stdout, false, func(b []byte) { _, _ = out.Write(b) })
+	p2 := startPump(c.stderr, false, func(b []byte) { _, _ = errOut.Write(b) })
 	ws, timedOut := waitExit(r.Context(), c.pid, c.exit, s.timeout)
 	duration := time.Since(start).Seconds()
 	settle(p1, p2)
@@ -654,7 +658,7 @@ func (a *agent) handleExecStream(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	pumps := []*pump{startPump(c.stdout, sink(0)), startPump(c.stderr, sink(1))}
+	pumps := []*pump{startPump(c.stdout, false, sink(0)), startPump(c.stderr, false, sink(1))}
 	pumpsDone := make(chan struct{})
 	go func() {
 		<-pumps[0].done

@@ -163,11 +163,11 @@ func (a *agent) startProc(r *http.Request) (*proc, error) {
 	var pumps []*pump
 	if c.master != nil {
 		p.stdin = c.master
-		pumps = append(pumps, startPump(c.master, func(b []byte) { _, _ = p.outputs[0].Write(b) }))
+		pumps = append(pumps, startPump(c.master, true, func(b []byte) { _, _ = p.outputs[0].Write(b) }))
 	} else {
 		pumps = append(pumps,
-			startPump(c.stdout, func(b []byte) { _, _ = p.outputs[0].Write(b) }),
-			startPump(c.stderr, func(b []byte) { _, _ = p.outputs[1].Write(b) }))
+			startPump(c.stdout, false, func(b []byte) { _, _ = p.outputs[0].Write(b) }),
+			startPump(c.stderr, false, func(b []byte) { _, _ = p.outputs[1].Write(b) }))
 	}
 	if s.hasStdin {
 		p.ioMu.Lock() // taken now so later writes queue behind the initial input

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCapture(t *testing.T) {
+	full := []byte("0123456789abcdefghijklmnopqrstuvwxyz")
+	cases := []struct {
+		name      string
+		limit     int
+		chunks    []int // sizes of successive writes
+		truncated bool
+	}{
+		{"under the cap", 64, []int{36}, false},
+		{"exactly the cap", 36, []int{10, 26}, false},
+		{"over in one write", 10, []int{36}, true},
+		{"over byte by byte", 10, []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, true},
+		{"odd cap, mixed writes", 7, []int{3, 9, 1, 20, 3}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cp := newCapture(c.limit, dir, "stdout")
+			rest := full
+			for _, n := range c.chunks {
+				if _, err := cp.Write(rest[:n]); err != nil {
+					t.Fatal(err)
+				}
+				rest = rest[n:]
+			}
+			cp.finish()
+			got, truncated, path := cp.result()
+			if truncated != c.truncated {
+				t.Fatalf("truncated %v", truncated)
+			}
+			if !truncated {
+				if !bytes.Equal(got, full) || path != "" {
+					t.Fatalf("got %q path %q", got, path)
+				}
+				return
+			}
+			head, tail := c.limit/2, c.limit-c.limit/2
+			want := fmt.Sprintf("%s\n…[orchard: %d bytes omitted; full output in %s]…\n%s",
+				full[:head], len(full)-c.limit, path, full[len(full)-tail:])
+			if string(got) != want {
+				t.Fatalf("got  %q\nwant %q", got, want)
+			}
+			spilled, err := os.ReadFile(path)
+			if err != nil || !bytes.Equal(spilled, full) {
+				t.Fatalf("spill file %q: %v", spilled, err)
+			}
+			// Writes after finish (a lingering grandchild) are dropped.
+			_, _ = cp.Write([]byte("late"))
+			if again, _, _ := cp.result(); !bytes.Equal(again, got) {
+				t.Fatal("capture changed after finish")
+			}
+		})
+	}
+}
+
+func TestCaptureSpillFailure(t *testing.T) {
+	blocker := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(blocker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cp := newCapture(4, filepath.Join(blocker, "sub"), "stdout") // a folder under a file cannot exist
+	_, _ = cp.Write([]byte("abcdefgh"))
+	cp.finish()
+	got, truncated, path := cp.result()
+	if !truncated || path != "" || !strings.HasPrefix(string(got), "ab\n") || !strings.Contains(string(got), "full output not saved") || !strings.HasSuffix(string(got), "gh") {
+		t.Fatalf("got %q %v %q", got, truncated, path)
+	}
+}
+
+func TestOutBuf(t *testing.T) {
+	var full []byte
+	for i := 0; i < 200; i++ {
+		full = append(full, fmt.Sprintf("line %03d\n", i)...)
+	}
+	cases := []struct {
+		name      string
+		dir       func(t *testing.T) string
+		chunk     int
+		spills    bool
+		dropsHead bool
+	}{
+		{"fits in memory", func(t *testing.T) string { return t.TempDir() }, 7, false, false},
+		{"spills to disk", func(t *testing.T) string { return t.TempDir() }, 13, true, false},
+		{"spill fails: old bytes dropped", func(t *testing.T) string {
+			f := filepath.Join(t.TempDir(), "file")
+			_ = os.WriteFile(f, nil, 0o644)
+			return filepath.Join(f, "sub")
+		}, 13, true, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			limit := len(full) + 1
+			if c.spills {
+				limit = 256
+			}
+			b := newOutBuf(limit, c.dir(t), "p.stdout")
+			for rest := full; len(rest) > 0; {
+				n := c.chunk
+				if n > len(rest) {
+					n = len(rest)
+				}
+				_, _ = b.Write(rest[:n])
+				rest = rest[n:]
+			}
+			b.close()
+			if total, closed, _ := b.state(); total != int64(len(full)) || !closed {
+				t.Fatalf("state %d %v", total, closed)
+			}
+			// Every offset reads back the right bytes, in pieces of any size.
+			for _, max := range []int{1, 100, 4096} {
+				for off := int64(0); off < int64(len(full)); off += 37 {
+					data, start, dropped, err := b.read(off, max)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if dropped != (c.dropsHead && start > off) || (!c.dropsHead && start != off) {
+						t.Fatalf("read(%d): start %d dropped %v", off, start, dropped)
+					}
+					if !bytes.Equal(data, full[start:start+int64(len(data))]) || len(data) == 0 || len(data) > max {
+						t.Fatalf("read(%d, %d) = %q", off, max, data)
+					}
+				}
+			}
+			if _, _, _, err := b.read(int64(len(full))+1, 10); err == nil {
+				t.Fatal("reading past the end must fail")
+			}
+			if data, _, _, _ := b.read(int64(len(full)), 10); len(data) != 0 {
+				t.Fatal("reading at the end returns nothing")
+			}
+			if c.spills && !c.dropsHead && b.file == nil {
+				t.Fatal("no spill file")
+			}
+			name := ""
+			if b.file != nil {
+				name = b.file.Name()
+			}
+			b.remove()
+			if name != "" {
+				if _, err := os.Stat(name); !os.IsNotExist(err) {
+					t.Fatalf("spill file kept: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestCompleteUTF8(t *testing.T) {
+	cases := []struct {
+		in   string
+		want int
+	}{
+		{"", 0},
+		{"abc", 3},
+		{"aé", 3},
+		{"a\xc3", 1},         // é cut after its first byte
+		{"a\xe2\x82", 1},     // € cut after two bytes
+		{"a\xf0\x9f\x98", 1}, // emoji cut after three bytes
+		{"a\xf0\x9f\x98\x80", 5},
+		{"\xc3", 1},      // nothing but a cut character: send it anyway
+		{"a\xff", 2},     // invalid, not cut: send as is
+		{"a\x80\x80", 3}, // stray continuation bytes
+	}
+	for _, c := range cases {
+		if got := completeUTF8([]byte(c.in)); got != c.want {
+			t.Errorf("completeUTF8(%q) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}
+
+func TestParseSignal(t *testing.T) {
+	cases := []struct {
+		in   string
+		want string
+		ok   bool
+	}{
+		{`"TERM"`, "TERM", true}, {`"SIGKILL"`, "KILL", true}, {`"int"`, "INT", true},
+		{`9`, "KILL", true}, {`"15"`, "TERM", true}, {`null`, "TERM", true}, {``, "TERM", true},
+		{`"NOPE"`, "", false}, {`0`, "", false}, {`99`, "", false}, {`true`, "", false},
+	}
+	for _, c := range cases {
+		sig, err := parseSignal([]byte(c.in))
+		if (err == nil) != c.ok || (c.ok && signalName(sig) != c.want) {
+			t.Errorf("parseSignal(%s) = %v, %v", c.in, sig, err)
+		}
+	}
+}
