@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
-from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.table import Table
 
@@ -97,12 +97,8 @@ def _client() -> Orchard:
     return Orchard(_Globals.url, _Globals.api_key)
 
 
-def _print_json(value: BaseModel | list[Any] | dict[str, Any]) -> None:
-    def plain(v: Any) -> Any:
-        return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
-
-    data = [plain(v) for v in value] if isinstance(value, list) else plain(value)
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(to_jsonable_python(value), indent=2) + "\n")
 
 
 def _fail(code: str, message: str) -> NoReturn:
@@ -433,7 +429,7 @@ def run_shell(sb: Sandbox, program: str) -> int:
 
     fd = sys.stdin.fileno()
     is_tty = os.isatty(fd)
-    cols, rows = os.get_terminal_size(fd) if is_tty else (80, 24)
+    cols, rows = _terminal_size(fd)
     term = os.environ.get("TERM", "xterm")
     proc = sb.process.start([program], pty=True, rows=rows, cols=cols, env={"TERM": term})
     exit_code: list[int] = []
@@ -455,7 +451,7 @@ def run_shell(sb: Sandbox, program: str) -> int:
     reader = threading.Thread(target=pump, name="orchard-shell-output", daemon=True)
     try:
         if is_tty:
-            tty.setraw(fd)
+            tty.setraw(fd, termios.TCSANOW)  # not TCSAFLUSH: keep what was typed ahead
         reader.start()
         _forward_input(sb, proc.id, fd, finished, resized)
         reader.join()
@@ -468,6 +464,15 @@ def run_shell(sb: Sandbox, program: str) -> int:
     return exit_code[0] if exit_code else 1
 
 
+def _terminal_size(fd: int) -> tuple[int, int]:
+    """(cols, rows); a terminal that reports 0x0 (fresh PTYs do) gets the classic 80x24."""
+    try:
+        cols, rows = os.get_terminal_size(fd)
+    except OSError:
+        return 80, 24
+    return (cols or 80), (rows or 24)
+
+
 def _forward_input(
     sb: Sandbox, pid: str, fd: int, finished: threading.Event, resized: threading.Event
 ) -> None:
@@ -478,7 +483,7 @@ def _forward_input(
     while not finished.is_set():
         if resized.is_set():
             resized.clear()
-            cols, rows = os.get_terminal_size(fd)
+            cols, rows = _terminal_size(fd)
             with contextlib.suppress(Conflict):
                 sb.process.resize(pid, rows, cols)
         ready, _, _ = select.select([fd], [], [], 0.1)
@@ -663,6 +668,9 @@ def _run(invoke: Callable[[], Any]) -> int:
         return 130
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception as exc:  # a bug or an unexpected failure: still one line, no traceback
+        err.print(f"error: internal: {type(exc).__name__}: {exc}", markup=False)
+        return 1
     return 0
 
 

@@ -672,9 +672,9 @@ def extract_tar(stream: IO[bytes], dest: str | os.PathLike[str]) -> m.TarResult:
                 tar.extract(member, root, filter="data")
             except tarfile.FilterError as exc:
                 raise OrchardError(f"unsafe entry in archive: {exc}") from None
-            if member.isfile():
+            if not member.isdir():  # counted like the agent counts: every non-folder entry
                 files += 1
-                total += member.size
+                total += member.size if member.isfile() else 0
     return m.TarResult(files=files, bytes=total)
 
 

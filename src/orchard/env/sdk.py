@@ -110,7 +110,7 @@ class Orchard:
     def close(self) -> None:
         self.http.close()
         if self._service is not None:
-            self._service.close()
+            self._service.stop()
             self._service = None
 
     def __enter__(self) -> Self:
@@ -460,7 +460,7 @@ class AsyncOrchard:
         await self.http.aclose()
         if self._service is not None:
             service, self._service = self._service, None
-            await asyncio.to_thread(service.close)
+            await asyncio.to_thread(service.stop)
 
     async def __aenter__(self) -> Self:
         return self
