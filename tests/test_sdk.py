@@ -141,7 +141,7 @@ async def test_batch_create_and_cleanup(kind: str, url: str, busybox_image: str)
         else:
             async with batch:
                 ids = {sb.id for sb in batch}
-        assert len(ids) == 3 and batch.errors == []
+        assert len(ids) == 3 and batch.errors == [] and batch[0] is batch.sandboxes[0]
         assert await ait(client.sandboxes.list(labels=labels)) == []
         # Deleting what is gone is fine through the object, a NotFound through the id.
         await ait(batch.sandboxes[0].delete())

@@ -209,6 +209,9 @@ class Batch:
     def __iter__(self) -> Iterator[Sandbox]:
         return iter(self.sandboxes)
 
+    def __getitem__(self, index: int) -> Sandbox:
+        return self.sandboxes[index]
+
     def __len__(self) -> int:
         return len(self.sandboxes)
 
@@ -581,6 +584,9 @@ class AsyncBatch:
 
     def __iter__(self) -> Iterator[AsyncSandbox]:
         return iter(self.sandboxes)
+
+    def __getitem__(self, index: int) -> AsyncSandbox:
+        return self.sandboxes[index]
 
     def __len__(self) -> int:
         return len(self.sandboxes)
