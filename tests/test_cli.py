@@ -3,13 +3,16 @@ Unix socket, on the real Docker engine; `shell` is driven through a real PTY."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import secrets
 import select
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -285,13 +288,30 @@ def _read_until_exit(fd: int, pid: int, timeout_s: float) -> tuple[bytes, int]:
     return out, os.waitstatus_to_exitcode(status)
 
 
+def _read_until(fd: int, needle: bytes, timeout_s: float, seen: bytes = b"") -> bytes:
+    """Read the terminal until `needle` shows up in everything read so far (`seen` included)."""
+    out = seen
+    deadline = time.monotonic() + timeout_s
+    while needle not in out and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.2)[0]:
+            out += os.read(fd, 4096)
+    assert needle in out, out
+    return out
+
+
 def test_shell_through_a_real_pty(server: dict[str, str], sandbox_id: str) -> None:
     pid, fd = pty.fork()
     if pid == 0:  # the child: the CLI, with the PTY as its terminal
         os.execve(ORCHARD, [ORCHARD, "sandbox", "shell", sandbox_id], server)
-    os.write(fd, b"echo $((40 + 2)); stty size; exit 3\n")
+    os.write(fd, b"echo $((40 + 2)); stty size\n")  # typed before the shell is even up
+    first = _read_until(fd, b"42\r\n", 60)
+    # A fresh PTY reports 0x0, so the remote shell started with the default 24x80.
+    first = _read_until(fd, b"24 80", 10, first)
+    # Resizing our terminal sends the CLI a SIGWINCH; it must reach the remote PTY.
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    time.sleep(0.5)
+    os.write(fd, b"stty size; exit 3\n")
     out, code = _read_until_exit(fd, pid, timeout_s=60)
-    text = out.decode(errors="replace")
-    assert "42\r\n" in text, text
+    text = (first + out).decode(errors="replace")
+    assert "30 100" in text, text
     assert code == 3, text
-    assert "24 80" in text  # a fresh PTY reports 0x0, so the shell got the default size

@@ -363,3 +363,13 @@ async def test_refused_connection_is_typed(kind: str) -> None:
         port = s.getsockname()[1]
     with pytest.raises(Unavailable, match="ConnectError"):
         await _post(kind, f"http://127.0.0.1:{port}")
+
+
+def test_port_url_carries_the_key_only_when_asked() -> None:
+    from orchard.env.sdk import _port_url
+
+    target = core.Target("https://h", api_key="k")
+    assert (
+        _port_url(target, "sb-1", 8000, "/a", False) == "https://h/v1/sandboxes/sb-1/ports/8000/a"
+    )
+    assert _port_url(target, "sb-1", 80, "", True).endswith("/ports/80/?orchard_key=k")
