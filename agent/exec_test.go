@@ -56,6 +56,8 @@ func TestExec(t *testing.T) {
 		{"user by name", map[string]any{"cmd": "id -u; id -g; echo $HOME", "user": "nobody"}, "65534\n65534\n/nonexistent\n", "", 0, ""},
 		{"user by uid:gid", map[string]any{"cmd": "id -u; id -g", "user": "65534:65534"}, "65534\n65534\n", "", 0, ""},
 		{"unknown uid is allowed", map[string]any{"cmd": "id -u; id -g", "user": "4321"}, "4321\n4321\n", "", 0, ""},
+		{"children ignore no signals", map[string]any{"cmd": []string{"grep", "SigIgn", "/proc/self/status"}}, "SigIgn:\t0000000000000000\n", "", 0, ""},
+		{"SIGPIPE ends a writer", map[string]any{"cmd": "yes | head -1"}, "y\n", "", 0, ""},
 		{"invalid UTF-8 replaced", map[string]any{"cmd": `printf 'a\377b'`}, "a\uFFFDb", "", 0, ""},
 	}
 	for _, c := range cases {

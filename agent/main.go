@@ -207,6 +207,9 @@ func run(args []string) int {
 	// Signals are caught first so a SIGTERM during start-up is not lost.
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	// Caught (not ignored, which children would inherit): a closed stdout
+	// then yields EPIPE instead of killing the sandbox's PID 1.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	cfg, err := loadConfig(args, os.Getenv)
 	if err != nil {
 		log.Print(err)
