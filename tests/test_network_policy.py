@@ -34,6 +34,7 @@ from orchard.env.network import (
 )
 
 TARGET_NET = "orchard-test-targets"
+TEST_LABELS = {"orchard.test": "1"}
 PORT = 8080
 
 # ---------------------------------------------------------------- pure parts
@@ -127,7 +128,7 @@ def targets(busybox_image: str) -> Iterator[Targets]:
 async def backend(
     docker_ready: None, tmp_state_dir: Path, agent_binary: Path
 ) -> AsyncIterator[DockerBackend]:
-    b = DockerBackend(tmp_state_dir, agent_binary, extra_labels={"orchard.test": "1"})
+    b = DockerBackend(tmp_state_dir, agent_binary, extra_labels=TEST_LABELS)
     try:
         yield b
     finally:
@@ -275,3 +276,46 @@ async def test_all_cannot_reach_metadata_host_or_other_sandboxes(
     checks.append(box.fetch("169.254.169.254", 80))
     checks.append(box.fetch(web_ip, PORT))  # ICC is off: sandboxes cannot reach each other
     assert await asyncio.gather(*checks) == [None] * len(checks)
+
+
+async def test_own_network_is_made_and_remade(
+    docker_ready: None, tmp_state_dir: Path, agent_binary: Path, busybox_image: str
+) -> None:
+    name = f"orchard-test-egress-{secrets.token_hex(3)}"
+    subnet = f"10.214.{secrets.randbelow(256)}.0/24"
+    b = DockerBackend(
+        tmp_state_dir, agent_binary, network_name=name, subnet=subnet, extra_labels=TEST_LABELS
+    )
+
+    def spec() -> SandboxSpec:
+        return SandboxSpec(
+            id="o" + secrets.token_hex(6),
+            owner="net",
+            image=busybox_image,
+            agent_token="t",
+            expires_at=time.time() + 600,
+            network=NetworkPolicy(egress="all"),
+        )
+
+    def hooks() -> list[str]:
+        out = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout
+        return [ln for ln in out.splitlines() if f"orchard-base:{subnet}" in ln]
+
+    try:
+        first = await b.create(spec())
+        net = json.loads(_docker("network", "inspect", name))[0]
+        assert net["IPAM"]["Config"][0]["Subnet"] == subnet
+        assert net["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+        assert len(hooks()) == 3  # replies accepted, egress chain, INPUT chain
+        await b.delete(first.id)
+        _docker("network", "rm", name)  # e.g. a `docker network prune`
+        second = await b.create(spec())  # the network is made again
+        ip = json.loads(_docker("inspect", f"orchard-{second.id}"))[0]["NetworkSettings"]
+        assert ip["Networks"][name]["IPAddress"].startswith(subnet.rsplit(".", 1)[0] + ".")
+    finally:
+        for rec in await b.list():
+            await b.delete(rec.id)
+        await b.firewall.remove_hooks()
+        await b.close()
+        subprocess.run(["docker", "network", "rm", name], capture_output=True, check=False)
+    assert hooks() == []

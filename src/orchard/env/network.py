@@ -57,6 +57,11 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 Egress = Literal["none", "all", "allow"]
 
 
+def _join(tokens: list[str]) -> str:
+    """Join `iptables -S` tokens back into iptables-restore syntax (double quotes only)."""
+    return " ".join(f'"{t}"' if not t or " " in t else t for t in tokens)
+
+
 def chain_name(sandbox_id: str) -> str:
     """A valid, fixed-length chain name (iptables allows 28 chars) for any sandbox id."""
     return SANDBOX_CHAIN_PREFIX + hashlib.sha256(sandbox_id.encode()).hexdigest()[:12].upper()
@@ -212,7 +217,7 @@ class EgressFirewall:
         for r in rules:
             if r[:2] == ["-A", EGRESS_CHAIN] and "-g" in r:
                 target = r[r.index("-g") + 1]
-                self._jumps.setdefault(target, []).append(shlex.join(r[2:]))
+                self._jumps.setdefault(target, []).append(_join(r[2:]))
         return rules
 
     # ------------------------------------------------------------ base rules
@@ -245,21 +250,41 @@ class EgressFirewall:
             f"-A {INPUT_CHAIN} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
             f"-A {INPUT_CHAIN} -m comment --comment {_BASE_TAG} -j DROP",
         ]
+        tag = self._hook_tag()
         wanted = {
             USER_CHAIN: [
-                f"-s {sub} -m comment --comment {_BASE_TAG} -j {EGRESS_CHAIN}",
+                f"-s {sub} -m comment --comment {tag} -j {EGRESS_CHAIN}",
                 f"-d {sub} -m conntrack --ctstate RELATED,ESTABLISHED "
-                f"-m comment --comment {_BASE_TAG} -j ACCEPT",
+                f"-m comment --comment {tag} -j ACCEPT",
             ],
-            "INPUT": [f"-s {sub} ! -i lo -m comment --comment {_BASE_TAG} -j {INPUT_CHAIN}"],
+            "INPUT": [f"-s {sub} ! -i lo -m comment --comment {tag} -j {INPUT_CHAIN}"],
         }
         for chain, specs in wanted.items():
-            ours = [r for r in rules if r[:2] == ["-A", chain] and _BASE_TAG in r]
-            if len(ours) == len(specs) and all(sub in r for r in ours):
+            ours = self._hooks(rules, chain)
+            if len(ours) == len(specs):
                 continue
-            lines += [f"-D {chain} {shlex.join(r[2:])}" for r in ours]
+            lines += [f"-D {chain} {spec}" for spec in ours]
             lines += [f"-I {chain} 1 {spec}" for spec in specs]  # last one ends up first
         return lines
+
+    def _hook_tag(self) -> str:
+        # Per subnet, so backends with different networks on one host keep their own hooks.
+        return f"{_BASE_TAG}:{self.subnet}"
+
+    def _hooks(self, rules: list[list[str]], chain: str) -> list[str]:
+        tag = self._hook_tag()
+        return [_join(r[2:]) for r in rules if r[:2] == ["-A", chain] and tag in r]
+
+    async def remove_hooks(self) -> None:
+        """Remove this subnet's hooks in DOCKER-USER and INPUT (the shared chains stay)."""
+        async with self._lock:
+            rules = await self._load()
+            lines = [
+                f"-D {c} {spec}" for c in (USER_CHAIN, "INPUT") for spec in self._hooks(rules, c)
+            ]
+            if lines:
+                await self._restore(lines)
+            self._ready = False
 
     # ------------------------------------------------------------ per sandbox
 

@@ -23,10 +23,10 @@ import os
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiodocker
 import aiohttp
@@ -54,6 +54,7 @@ from orchard.env.network import (
 )
 
 log = logging.getLogger("orchard.docker")
+_T = TypeVar("_T")
 
 AGENT_PATH = "/.orchard/agent"
 RUN_DIR = "/.orchard/run"
@@ -312,6 +313,18 @@ class DockerBackend:
             net = await self.docker.networks.get(self.network_name)  # created concurrently
         return await net.show()
 
+    async def _network_retry(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Run an engine call; if our network vanished (e.g. a `docker network prune`),
+        make it again and retry once."""
+        try:
+            return await call()
+        except DockerError as e:
+            if not (e.status == 404 and self.network_name in str(e.message)):
+                raise
+            self._net_ready = False
+            await self._ensure_network()
+            return await call()
+
     def _ip(self, container: dict[str, Any]) -> str:
         nets = (container.get("NetworkSettings") or {}).get("Networks") or {}
         ip = str((nets.get(self.network_name) or {}).get("IPAddress") or "")
@@ -422,17 +435,18 @@ class DockerBackend:
                 },
             )
             config = self._config(spec, image, labels)
+            name = self._container_name(spec.id)
             async with self._engine(f"create sandbox {spec.id}"):
                 try:
-                    container = await self.docker.containers.create(
-                        config, name=self._container_name(spec.id)
+                    container = await self._network_retry(
+                        lambda: self.docker.containers.create(config, name=name)
                     )
                 except DockerError as e:
-                    if e.status == 404:  # the image went away since we inspected it
-                        self._images.pop(spec.image, None)
+                    if e.status == 404 and "image" in str(e.message).lower():
+                        self._images.pop(spec.image, None)  # it went away since we inspected it
                         raise ImageNotFound(f"image {spec.image!r} is gone: {e.message}") from e
                     raise
-                await container.start()
+                await self._network_retry(container.start)
                 if egress != "none":
                     ip = self._ip(await container.show())
                     await self.firewall.apply(spec.id, ip, egress, allow)
