@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Literal, Self, TypeVar, Unpack
+from urllib.parse import urlencode
 
 import httpx
 
@@ -73,7 +74,7 @@ def _connect(
 def _port_url(target: Target, sandbox_id: str, port: int, path: str, with_key: bool) -> str:
     url = f"{target.base_url}{core.sandbox_path(sandbox_id)}/ports/{port}/{path.lstrip('/')}"
     if with_key and target.api_key:
-        url += f"?orchard_key={target.api_key}"
+        url += "?" + urlencode({"orchard_key": target.api_key})
     return url
 
 
