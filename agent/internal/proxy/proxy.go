@@ -1,7 +1,111 @@
 // Package proxy forwards /proxy/{port}/... to 127.0.0.1:{port} inside the sandbox.
 package proxy
 
-import "net/http"
+import (
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/orchard-env/orchard/agent/internal/api"
+)
+
+const prefix = "/proxy/"
+
+// transport dials only loopback ports and never an HTTP proxy from the environment
+// (the sandbox's egress settings must not capture its own loopback traffic).
+var transport = &http.Transport{
+	Proxy: nil,
+	DialContext: (&net.Dialer{
+		Timeout:   10 * time.Second,
+		KeepAlive: 30 * time.Second,
+	}).DialContext,
+	MaxIdleConns:          64,
+	MaxIdleConnsPerHost:   16,
+	IdleConnTimeout:       90 * time.Second,
+	ExpectContinueTimeout: time.Second,
+	// Pass Accept-Encoding and compressed bodies through untouched.
+	DisableCompression: true,
+}
+
+var errorLog = log.New(os.Stderr, "orchard-agent proxy: ", log.LstdFlags)
 
 // Register adds the /proxy/ route to mux.
-func Register(mux *http.ServeMux) {}
+func Register(mux *http.ServeMux) {
+	mux.HandleFunc(prefix, serve)
+}
+
+// target is where one request goes: the port and the escaped path after it.
+type target struct {
+	port    int
+	rawPath string // escaped, starts with "/"
+	path    string // rawPath unescaped
+}
+
+// parseTarget splits /proxy/{port}/{rest...}; the rest keeps its escaping (%2F stays).
+func parseTarget(u *url.URL) (target, error) {
+	rest := strings.TrimPrefix(u.EscapedPath(), prefix)
+	portStr, tail, _ := strings.Cut(rest, "/")
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 1 || port > 65535 || strings.TrimLeft(portStr, "0123456789") != "" {
+		return target{}, api.BadRequest("port %q is not a number in 1..65535", portStr)
+	}
+	raw := "/" + tail
+	p, err := url.PathUnescape(raw)
+	if err != nil {
+		return target{}, api.BadRequest("bad path %q: %v", raw, err)
+	}
+	return target{port: port, rawPath: raw, path: p}, nil
+}
+
+func serve(w http.ResponseWriter, r *http.Request) {
+	t, err := parseTarget(r.URL)
+	if err != nil {
+		api.WriteError(w, err)
+		return
+	}
+	hostPort := net.JoinHostPort("127.0.0.1", strconv.Itoa(t.port))
+	rp := &httputil.ReverseProxy{
+		Director: func(out *http.Request) {
+			out.URL.Scheme = "http"
+			out.URL.Host = hostPort
+			out.URL.Path = t.path
+			out.URL.RawPath = t.rawPath
+			// Servers such as Chromium's DevTools refuse a Host that is not an IP or localhost.
+			out.Host = hostPort
+			// The bearer token is the agent's, never the app's.
+			out.Header.Del("Authorization")
+			// A front proxy (the Orchard service) knows the public names better: keep its values.
+			setDefault(out.Header, "X-Forwarded-Host", r.Host)
+			proto := "http"
+			if r.TLS != nil {
+				proto = "https"
+			}
+			setDefault(out.Header, "X-Forwarded-Proto", proto)
+			setDefault(out.Header, "X-Forwarded-Prefix", prefix+strconv.Itoa(t.port))
+		},
+		Transport: transport,
+		// Flush every write: server-sent events, NDJSON and long polls pass promptly.
+		FlushInterval: -1,
+		ErrorLog:      errorLog,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the client went away; nobody to answer
+			}
+			api.WriteError(w, api.Errf(http.StatusBadGateway, "bad_gateway",
+				"nothing answered on %s: %v", hostPort, err))
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+func setDefault(h http.Header, key, value string) {
+	if h.Get(key) == "" && value != "" {
+		h.Set(key, value)
+	}
+}
