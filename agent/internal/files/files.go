@@ -136,8 +136,9 @@ func mapErrno(err error, notDirStatus int) error {
 		return Forbidden("%s", msg)
 	case syscall.ENAMETOOLONG, syscall.ELOOP, syscall.EINVAL:
 		return api.BadRequest("%s", msg)
-	case syscall.ENOSPC, syscall.EDQUOT:
-		return api.Errf(http.StatusInsufficientStorage, "no_space", "%s", msg)
+	case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG:
+		// The existing code for "did not fit", rather than a new one every client must learn.
+		return api.Errf(http.StatusRequestEntityTooLarge, "too_large", "%s", msg)
 	}
 	return err
 }

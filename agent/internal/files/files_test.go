@@ -366,7 +366,7 @@ func TestPermissionDenied(t *testing.T) {
 	for errno, want := range map[syscall.Errno]int{
 		syscall.EACCES: 403, syscall.EPERM: 403, syscall.EROFS: 403,
 		syscall.ENOENT: 404, syscall.EEXIST: 409, syscall.ENOTEMPTY: 409,
-		syscall.ENAMETOOLONG: 400, syscall.ENOSPC: 507,
+		syscall.ENAMETOOLONG: 400, syscall.ENOSPC: 413,
 	} {
 		status := statusOf(fsError(&os.PathError{Op: "open", Path: "/x", Err: errno}))
 		if status != want {
