@@ -2,12 +2,12 @@
 package proxy
 
 import (
+	"io"
 	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -33,7 +33,10 @@ var transport = &http.Transport{
 	DisableCompression: true,
 }
 
-var errorLog = log.New(os.Stderr, "orchard-agent proxy: ", log.LstdFlags)
+// The agent's stderr is the sandbox's log stream (the image's entrypoint writes there
+// too), so the proxy's internal chatter is dropped, as the agent's server does; the
+// failures that matter reach the client as 502 bad_gateway.
+var errorLog = log.New(io.Discard, "", 0)
 
 // Register adds the /proxy/ route to mux.
 func Register(mux *http.ServeMux) {
