@@ -1,0 +1,3 @@
+module orchard/injector
+
+go 1.19
