@@ -812,7 +812,17 @@ def make_backend(config: ServiceConfig) -> Backend:
 
         binary = Path(config.agent_binary) if config.agent_binary else locate_agent_binary()
         return DockerBackend(config.state_dir, binary, extra_labels=config.extra_labels)
-    raise InvalidRequest(f"unknown backend {config.backend!r} (available: docker)")
+    if config.backend == "kubernetes":
+        from orchard.env.backends.k8s_objects import KubernetesOptions
+        from orchard.env.backends.kubernetes import KubernetesBackend
+
+        # Cluster settings come from ORCHARD_K8S_* (docs/kubernetes.md).
+        opts = KubernetesOptions.from_env()
+        opts.extra_labels.update(
+            {k.replace("orchard.", "orchard.dev/", 1): v for k, v in config.extra_labels.items()}
+        )
+        return KubernetesBackend(opts)
+    raise InvalidRequest(f"unknown backend {config.backend!r} (available: docker, kubernetes)")
 
 
 def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI:
