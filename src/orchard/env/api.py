@@ -133,7 +133,7 @@ _bearer = HTTPBearer(auto_error=False, description="API key as a bearer token")
 _header_key = APIKeyHeader(name="X-API-Key", auto_error=False)
 
 
-def require_owner(
+async def require_owner(
     request: Request,
     _b: Annotated[Any, Depends(_bearer)] = None,
     _h: Annotated[Any, Depends(_header_key)] = None,
@@ -141,7 +141,7 @@ def require_owner(
     return _owner(request, allow_query=False)
 
 
-def require_port_owner(
+async def require_port_owner(
     request: Request,
     _b: Annotated[Any, Depends(_bearer)] = None,
     _h: Annotated[Any, Depends(_header_key)] = None,
@@ -149,7 +149,7 @@ def require_port_owner(
     return _owner(request, allow_query=True)
 
 
-def get_service(request: Request) -> SandboxService:
+async def get_service(request: Request) -> SandboxService:
     service: SandboxService = request.app.state.service
     return service
 
