@@ -101,9 +101,11 @@ class KubernetesBackend:
             try:
                 async with self._sem:
                     return await fn()
-            except ApiError as e:
-                code = e.status.code or 0
-                retry = code in _RETRY_STATUS and e.status.reason != "AlreadyExists"
+            except httpx2.HTTPStatusError as e:
+                # ApiError when the body is a metav1.Status; a bare one from a proxy in front.
+                code = e.response.status_code
+                reason = e.status.reason if isinstance(e, ApiError) else None
+                retry = code in _RETRY_STATUS and reason != "AlreadyExists"
                 if not retry or attempt >= self.opts.retries:
                     raise self._error(what, e) from e
                 delay = self._retry_after(e) or self._backoff(attempt)
@@ -120,18 +122,17 @@ class KubernetesBackend:
         return float(min(5.0, 0.05 * 2**attempt) * (0.5 + random.random()))
 
     @staticmethod
-    def _retry_after(e: ApiError) -> float | None:
-        header: str | None = None
-        if e.response is not None:
-            header = e.response.headers.get("Retry-After")
+    def _retry_after(e: httpx2.HTTPStatusError) -> float | None:
+        header = e.response.headers.get("Retry-After")
         try:
             return min(10.0, float(header)) if header else None
         except ValueError:
             return None
 
     @staticmethod
-    def _error(what: str, e: ApiError) -> OrchardError:
-        code, msg = e.status.code or 0, e.status.message or str(e)
+    def _error(what: str, e: httpx2.HTTPStatusError) -> OrchardError:
+        code = e.response.status_code
+        msg = (e.status.message if isinstance(e, ApiError) else None) or e.response.text[:200]
         if code == 404:
             return NotFound(f"{what}: {msg}")
         if code == 409:
