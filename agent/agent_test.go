@@ -516,3 +516,31 @@ func TestReapsOrphanedZombies(t *testing.T) {
 	// Unreaped, it would stay a zombie under the agent forever.
 	eventually(t, "orphan reaped", func() bool { return procGone(pid) })
 }
+
+// The image's USER (--user) applies to the entrypoint and to requests that name no user.
+func TestDefaultUser(t *testing.T) {
+	dir, err := os.MkdirTemp("", "du") // t.TempDir's parent is 0700: nobody could not write
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "entry-uid")
+	a := startAgent(t, agentOpts{args: []string{"--user", "65534:65534"},
+		entry: []string{"sh", "-c", "id -u > " + out + ".tmp && mv " + out + ".tmp " + out + "; exec sleep 100"}})
+	eventually(t, "entrypoint ran", func() bool { _, err := os.Stat(out); return err == nil })
+	if b, _ := os.ReadFile(out); strings.TrimSpace(string(b)) != "65534" {
+		t.Fatalf("entrypoint uid %q, want 65534", b)
+	}
+	for _, tc := range []struct{ user, want string }{{"", "65534"}, {"0", "0"}} {
+		var res struct {
+			Stdout string `json:"stdout"`
+		}
+		a.call("POST", "/exec", map[string]any{"cmd": "id -u", "user": tc.user}, 200, &res)
+		if strings.TrimSpace(res.Stdout) != tc.want {
+			t.Errorf("user %q: uid %q, want %s", tc.user, res.Stdout, tc.want)
+		}
+	}
+}

@@ -127,6 +127,9 @@ func (a *agent) buildSpec(req *execRequest) (*cmdSpec, error) {
 	}
 
 	env := append([]string(nil), a.baseEnv...)
+	if req.User == "" {
+		req.User = a.user
+	}
 	if req.User != "" {
 		cred, userEnv, err := resolveUser(req.User)
 		if err != nil {

@@ -41,6 +41,7 @@ type config struct {
 	token     string
 	spillDir  string
 	maxOutput int
+	user      string
 	entry     []string
 }
 
@@ -54,6 +55,7 @@ func loadConfig(args []string, getenv func(string) string) (*config, error) {
 	fs.StringVar(&cfg.socket, "socket", getenv("ORCHARD_AGENT_SOCKET"), "Unix socket path to listen on")
 	fs.StringVar(&tokenFile, "token-file", getenv("ORCHARD_AGENT_TOKEN_FILE"), "file holding the bearer token")
 	fs.StringVar(&cfg.spillDir, "spill-dir", getenv("ORCHARD_AGENT_SPILL_DIR"), "folder for full outputs of capped streams")
+	fs.StringVar(&cfg.user, "user", getenv("ORCHARD_AGENT_USER"), "default user (uid[:gid] or name) for commands and the entrypoint, e.g. the image's USER")
 	fs.StringVar(&maxOutput, "max-output", getenv("ORCHARD_AGENT_MAX_OUTPUT"), "per-stream cap for blocking exec, bytes")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -93,6 +95,7 @@ type agent struct {
 	reaper    *reaper
 	spillDir  string
 	maxOutput int
+	user      string // default for requests that name none
 	baseEnv   []string
 	started   time.Time
 	procs     procTable
@@ -100,7 +103,7 @@ type agent struct {
 
 func newAgent(cfg *config, r *reaper) *agent {
 	return &agent{
-		reaper: r, spillDir: cfg.spillDir, maxOutput: cfg.maxOutput,
+		reaper: r, spillDir: cfg.spillDir, maxOutput: cfg.maxOutput, user: cfg.user,
 		baseEnv: scrubbedEnv(os.Environ()), started: time.Now(),
 		procs: procTable{procs: map[string]*proc{}},
 	}
@@ -179,10 +182,18 @@ func (a *agent) startEntrypoint(argv []string) error {
 	if err != nil {
 		return err
 	}
+	env, sys := a.baseEnv, &syscall.SysProcAttr{Setpgid: true}
+	if a.user != "" {
+		cred, userEnv, err := resolveUser(a.user)
+		if err != nil {
+			return err
+		}
+		sys.Credential, env = cred, mergeEnv(env, userEnv)
+	}
 	attr := &syscall.ProcAttr{
-		Env:   a.baseEnv,
+		Env:   env,
 		Files: []uintptr{os.Stdin.Fd(), os.Stdout.Fd(), os.Stderr.Fd()},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   sys,
 	}
 	pid, exit, err := a.reaper.start(path, argv, attr)
 	if err != nil {

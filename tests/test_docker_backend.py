@@ -193,6 +193,9 @@ async def test_image_config_and_cmd(backend: DockerBackend, derived_image: str) 
         environ = await agent.exec("cat /proc/$(pidof sleep)/environ | tr '\\0' '\\n'")
         assert "GREETING=hello-from-image" in environ.stdout
         assert "ORCHARD_AGENT" not in environ.stdout
+        # The image's USER runs its CMD and is the default for execs; the agent stays root.
+        users = await agent.exec("id -u; stat -c %u /proc/$(pidof sleep) /proc/1")
+        assert users.stdout.split() == ["1000", "1000", "0"]
 
     async with agent_for(recs[1], bare) as agent:
         await agent.wait_ready(15)

@@ -366,6 +366,9 @@ class DockerBackend:
     def _config(self, spec: SandboxSpec, image: ImageInfo, labels: dict[str, str]) -> Any:
         child = image.entrypoint + image.cmd if spec.cmd == [] else list(spec.cmd or [])
         args = ["--socket", f"{RUN_DIR}/{SOCKET_NAME}"]
+        if labels["orchard.default_user"]:
+            # The agent stays root (to switch users per request); the image's USER is the default.
+            args += ["--user", labels["orchard.default_user"]]
         if child:
             args += ["--", *child]
         pids = int(labels["orchard.pids"])
