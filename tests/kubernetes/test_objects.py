@@ -1,0 +1,263 @@
+"""Every object the kubernetes backend builds, for every option, and every manifest in
+deploy/kubernetes (each file and the rendered base, root and example overlay), validated
+offline against the official Kubernetes OpenAPI schemas of several versions (strict:
+unknown fields are errors)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from kustomize_render import RenderError, load_docs, render
+
+from orchard.env.backends import k8s_objects as objs
+from orchard.env.backends.base import SandboxSpec
+from orchard.env.backends.k8s_objects import KubernetesOptions
+from orchard.env.errors import InvalidRequest
+from orchard.env.models import NetworkPolicy
+from orchard.env.network import ResolvedAllow
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy" / "kubernetes"
+# The oldest and newest schemas the validator ships with, and one between.
+VERSIONS = ("1.29.0", "1.33.0", "1.37.0")
+
+FULL = KubernetesOptions(
+    namespace="sbx",
+    injector_image="orchard/agent-injector:1",
+    runtime_class="gvisor",
+    node_selector={"orchard.dev/pool": "sandboxes"},
+    tolerations=[
+        {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+        {"key": "orchard.dev/sandboxes", "operator": "Exists", "effect": "NoExecute"},
+    ],
+    image_pull_secrets=["regcred", "other"],
+    priority_class="orchard-sandbox",
+    service_account="sandbox",
+    ephemeral_storage="20Gi",
+    image_pull_policy="Always",
+    extra_labels={"orchard.dev/test": "1"},
+)
+OPTIONS = [KubernetesOptions(), FULL, KubernetesOptions(agent_port=7000, runtime_class="kata")]
+SPECS = [
+    dict(cmd=None),
+    dict(cmd=["python", "-m", "http.server"], env={"A": "1", "B": ""}, workdir="/srv"),
+    dict(cpu=0.25, memory_bytes=512 << 20, user="1000", pids_limit=256, idle_timeout_s=60.0),
+    dict(labels={"task": "repo/1 ü", "run": "x"}, network=NetworkPolicy(egress="all")),
+]
+POLICIES = [
+    (NetworkPolicy(), ResolvedAllow((), False)),
+    (NetworkPolicy(egress="all"), ResolvedAllow((), False)),
+    (NetworkPolicy(egress="allow", allow=["10.0.0.0/8"]), ResolvedAllow(("10.0.0.0/8",), False)),
+    (
+        NetworkPolicy(egress="allow", allow=["pypi.org", "1.2.3.4"]),
+        ResolvedAllow(("1.2.3.4/32", "151.101.0.223/32"), True),
+    ),
+    (NetworkPolicy(egress="allow", allow=["pypi.org"]), ResolvedAllow((), True)),
+]
+
+
+def spec(**kw: Any) -> SandboxSpec:
+    base: dict[str, Any] = dict(
+        id="sb-0123456789ab",
+        owner="alice:team",
+        image="python:3.12-slim",
+        agent_token="f" * 64,
+        expires_at=time.time() + 60,
+    )
+    base.update(kw)
+    return SandboxSpec(**base)
+
+
+def validate(obj: dict[str, Any]) -> None:
+    for version in VERSIONS:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_validator_rejects_what_the_api_server_would() -> None:
+    pod = objs.build_pod(spec(), KubernetesOptions(), 1.0)
+    pod["spec"]["containers"][0]["imagePullPolicy"] = 3
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(pod)
+    pod = objs.build_pod(spec(), KubernetesOptions(), 1.0)
+    pod["spec"]["restartPolicy_typo"] = "Never"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(pod)
+
+
+@pytest.mark.parametrize(("opts", "kw"), list(itertools.product(OPTIONS, SPECS)))
+def test_pods_are_valid_for_every_option(opts: KubernetesOptions, kw: dict[str, Any]) -> None:
+    pod = objs.build_pod(spec(**kw), opts, time.time())
+    validate(pod)
+    ps = pod["spec"]
+    main = ps["containers"][0]
+    assert ps["restartPolicy"] == "Never"
+    assert ps["automountServiceAccountToken"] is False and ps["enableServiceLinks"] is False
+    assert main["resources"]["requests"] == main["resources"]["limits"]
+    assert main["resources"]["limits"]["ephemeral-storage"] == opts.ephemeral_storage
+    assert main["command"] == [objs.AGENT_PATH]
+    assert main["args"][:2] == ["--listen", f":{opts.agent_port}"]
+    if kw.get("cmd"):
+        assert main["args"][-len(kw["cmd"]) - 1 :] == ["--", *kw["cmd"]]
+    else:
+        assert "--" not in main["args"]
+    assert ps["initContainers"][0]["image"] == opts.injector_image
+    assert ps.get("runtimeClassName") == opts.runtime_class
+    assert ps.get("priorityClassName") == opts.priority_class
+    assert ps.get("nodeSelector", {}) == opts.node_selector
+    assert ps.get("tolerations", []) == opts.tolerations
+    assert [s["name"] for s in ps.get("imagePullSecrets", [])] == opts.image_pull_secrets
+    # Labels are valid label values; what is not (owner, user labels) is in annotations.
+    rec = objs.record_from_pod(pod, opts)
+    assert rec is not None and rec.owner == "alice:team" and rec.labels == kw.get("labels", {})
+    assert rec.state == "pending" and rec.endpoint.base_url is None
+
+
+@pytest.mark.parametrize("opts", OPTIONS)
+@pytest.mark.parametrize(("policy", "allow"), POLICIES)
+def test_network_policies_are_valid(
+    opts: KubernetesOptions, policy: NetworkPolicy, allow: ResolvedAllow
+) -> None:
+    validate(objs.build_baseline_policy(opts))
+    body = objs.build_network_policy("sb-1", policy, allow, opts, pod_uid="1234-5678")
+    if policy.egress == "none":
+        assert body is None
+        return
+    assert body is not None
+    validate(body)
+    rules = body["spec"]["egress"]
+    text = json.dumps(rules)
+    assert ("169.254.0.0/16" in text) == (policy.egress == "all")  # metadata always excluded
+    assert ('"port": 53' in text) == allow.names  # DNS only when names must resolve
+    cnp = objs.build_cilium_policy("sb-1", policy, opts, pod_uid="1234-5678")
+    assert cnp is not None and cnp["kind"] == "CiliumNetworkPolicy"
+    # The CRD is not in the official schemas: check it is shaped the way Cilium's is.
+    assert set(cnp["spec"]) == {"endpointSelector", "egress"}
+    if "pypi.org" in policy.allow:
+        assert {"toFQDNs": [{"matchName": "pypi.org"}]} in cnp["spec"]["egress"]
+        assert '"dns": [{"matchPattern": "*"}]' in json.dumps(cnp["spec"]["egress"])
+
+
+def test_bad_options_and_specs_are_refused() -> None:
+    with pytest.raises(ValueError):
+        KubernetesOptions(ephemeral_storage="lots")
+    with pytest.raises(InvalidRequest):
+        objs.build_pod(spec(id="Sb_1"), KubernetesOptions(), 1.0)
+    opts = KubernetesOptions.from_env(
+        {
+            "ORCHARD_K8S_NAMESPACE": "n",
+            "ORCHARD_K8S_TOLERATIONS": '[{"key": "k", "operator": "Exists"}]',
+            "ORCHARD_K8S_NODE_SELECTOR": '{"pool": "sb"}',
+            "ORCHARD_K8S_IMAGE_PULL_SECRETS": "a, b",
+            "ORCHARD_K8S_AGENT_PORT": "9191",
+        }
+    )
+    assert opts.namespace == "n" and opts.tolerations == [{"key": "k", "operator": "Exists"}]
+    assert opts.image_pull_secrets == ["a", "b"] and opts.agent_port == 9191
+    with pytest.raises(ValueError, match="JSON"):
+        KubernetesOptions.from_env({"ORCHARD_K8S_NODE_SELECTOR": "{pool"})
+
+
+# ---------------------------------------------------------------- deploy/kubernetes
+
+
+def _resource_files() -> list[Path]:
+    files = []
+    for kfile in DEPLOY.rglob("kustomization.yaml"):
+        kust = load_docs(kfile)[0]
+        files += [kfile.parent / r for r in kust.get("resources", [])]
+    return sorted({f.resolve() for f in files if f.suffix == ".yaml"})
+
+
+@pytest.mark.parametrize("path", _resource_files(), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_manifest_file_is_valid(path: Path) -> None:
+    docs = load_docs(path)
+    assert docs
+    for doc in docs:
+        validate(doc)
+
+
+@pytest.mark.parametrize("folder", ["", "base", "overlays/example"])
+def test_rendered_kustomizations_are_valid(folder: str) -> None:
+    objects = render(DEPLOY / folder)
+    for obj in objects:
+        validate(obj)
+    kinds = {o["kind"] for o in objects}
+    assert {
+        "Namespace",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+        "NetworkPolicy",
+    } <= kinds
+
+
+def test_overlay_changes_what_it_says_and_keeps_selectors() -> None:
+    by = {(o["kind"], o["metadata"]["name"]): o for o in render(DEPLOY / "overlays/example")}
+    dep = by[("Deployment", "orchard")]
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.1.0")
+    assert dep["metadata"]["labels"]["app.kubernetes.io/part-of"] == "orchard"
+    assert dep["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/name": "orchard"}}
+    cm = by[("ConfigMap", "orchard")]["data"]
+    assert cm["ORCHARD_K8S_RUNTIME_CLASS"] == "gvisor" and cm["ORCHARD_BACKEND"] == "kubernetes"
+    # The overlay's settings are ones the backend accepts.
+    opts = KubernetesOptions.from_env(cm)
+    assert opts.tolerations and opts.node_selector == {"orchard.dev/pool": "sandboxes"}
+    pod = objs.build_pod(spec(), opts, 1.0)
+    validate(pod)
+    assert pod["spec"]["priorityClassName"] in {n for k, n in by if k == "PriorityClass"}
+    # The sandbox ingress policy admits exactly the service's pods, on the agent port.
+    ingress = by[("NetworkPolicy", "agent-from-service")]["spec"]["ingress"][0]
+    assert ingress["from"][0]["podSelector"]["matchLabels"] == opts.service_selector
+    assert ingress["ports"][0]["port"] == opts.agent_port
+    tmpl = dep["spec"]["template"]["metadata"]["labels"]
+    assert all(tmpl.get(k) == v for k, v in opts.service_selector.items())
+
+
+def test_renderer_refuses_what_it_does_not_support(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("namePrefix: x-\nresources: []\n")
+    with pytest.raises(RenderError, match="namePrefix"):
+        render(tmp_path)
+
+
+def test_role_is_least_privilege_and_namespaced() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in load_docs(DEPLOY / "base/rbac.yaml")}
+    role = docs[("Role", "orchard-sandboxes")]
+    assert role["metadata"]["namespace"] == "orchard-sandboxes"
+    resources = {r for rule in role["rules"] for r in rule["resources"]}
+    assert resources == {"pods", "networkpolicies", "ciliumnetworkpolicies"}
+    assert not any(k == "ClusterRole" for k, _ in docs)
+
+
+def test_injector_copies_the_agent(tmp_path: Path) -> None:
+    """The init container's program (FROM scratch has no cp) builds and does its job."""
+    src = DEPLOY / "images" / "injector"
+    out = tmp_path / "orchard-inject"
+    subprocess.run(
+        ["go", "build", "-o", str(out), "."],
+        cwd=src,
+        check=True,
+        env={**os.environ, "CGO_ENABLED": "0"},
+    )
+    payload = tmp_path / "agent"
+    payload.write_bytes(b"\x7fELF" + b"x" * 1000)
+    (tmp_path / "vol").mkdir()
+    dst = tmp_path / "vol" / "orchard-agent"
+    subprocess.run([str(out), str(payload), str(dst)], check=True)
+    assert dst.read_bytes() == payload.read_bytes() and dst.stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in (tmp_path / "vol").iterdir()] == ["orchard-agent"]
+    bad = subprocess.run([str(out), str(tmp_path / "missing"), str(dst)], capture_output=True)
+    assert bad.returncode == 1 and b"orchard-inject" in bad.stderr
