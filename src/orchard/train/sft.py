@@ -12,7 +12,6 @@ checkpoint in its output folder.
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,9 +50,8 @@ class SFTRunConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # any other SFTConfig field
 
     def sft_config(self) -> Any:
-        from trl import SFTConfig
-
-        return SFTConfig(
+        sft_config_cls = _trl("trl.trainer.sft_config", "SFTConfig")
+        return sft_config_cls(
             output_dir=self.output_dir,
             learning_rate=self.learning_rate,
             lr_scheduler_type="cosine_with_min_lr",
@@ -98,13 +96,19 @@ def _has_fractional_weights(dataset: Any) -> bool:
     return any(w not in (0.0, 1.0) for row in dataset["loss_weights"] for w in row)
 
 
-def _weighted_trainer_class() -> type[Any]:
-    """`SFTTrainer` with per-token loss weights (built lazily: importing TRL is slow)."""
-    import torch
-    from trl import SFTTrainer
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+def _trl(module: str, name: str) -> Any:
+    """A TRL class, imported late (importing TRL is slow) and typed Any (TRL has no stubs)."""
+    return getattr(importlib.import_module(module), name)
 
-    class WeightedCollator(DataCollatorForLanguageModeling):  # type: ignore[misc]
+
+def _weighted_trainer_class() -> tuple[Any, Any]:
+    """`SFTTrainer` and its collator with per-token loss weights."""
+    import torch
+
+    sft_trainer: Any = _trl("trl.trainer.sft_trainer", "SFTTrainer")
+    base_collator: Any = _trl("trl.trainer.sft_trainer", "DataCollatorForLanguageModeling")
+
+    class WeightedCollator(base_collator):  # type: ignore[misc]
         def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
             weights = [torch.tensor(e.pop("loss_weights"), dtype=torch.float32) for e in examples]
             batch: dict[str, Any] = super().torch_call(examples)
@@ -115,9 +119,9 @@ def _weighted_trainer_class() -> type[Any]:
             batch["loss_weights"] = padded
             return batch
 
-    class WeightedSFTTrainer(SFTTrainer):  # type: ignore[misc]
+    class WeightedSFTTrainer(sft_trainer):  # type: ignore[misc]
         def _set_signature_columns_if_needed(self) -> None:
-            self._signature_columns = ["input_ids", "labels", "loss_weights"]
+            self._signature_columns: list[str] = ["input_ids", "labels", "loss_weights"]
 
         def compute_loss(
             self,
@@ -143,17 +147,18 @@ def _weighted_trainer_class() -> type[Any]:
             loss = (ce * w).sum() / torch.as_tensor(denom, device=ce.device).clamp(min=1)
             return (loss, outputs) if return_outputs else loss
 
-    WeightedSFTTrainer.collator_class = WeightedCollator
-    return WeightedSFTTrainer
+    return WeightedSFTTrainer, WeightedCollator
 
 
 def last_checkpoint(output_dir: str) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    if not os.path.isdir(output_dir):
-        return None
-    found: str | None = get_last_checkpoint(output_dir)
-    return found
+    """The newest complete `checkpoint-N` folder in `output_dir` (a crash mid-save leaves
+    one without `trainer_state.json`, which is skipped)."""
+    found = [
+        p
+        for p in Path(output_dir).glob("checkpoint-*")
+        if p.name[11:].isdigit() and (p / "trainer_state.json").is_file()
+    ]
+    return str(max(found, key=lambda p: int(p.name[11:]))) if found else None
 
 
 def run_sft(cfg: SFTRunConfig, *, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
@@ -163,7 +168,6 @@ def run_sft(cfg: SFTRunConfig, *, model: Any = None, tokenizer: Any = None) -> d
     they are loaded from `cfg.model`.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTTrainer
 
     datasets: Any = importlib.import_module("datasets")
     data = datasets.load_from_disk(cfg.dataset)
@@ -177,11 +181,11 @@ def run_sft(cfg: SFTRunConfig, *, model: Any = None, tokenizer: Any = None) -> d
     data = data.select_columns(keep)
     kwargs: dict[str, Any] = {}
     if weighted:
-        trainer_cls = _weighted_trainer_class()
+        trainer_cls, collator_cls = _weighted_trainer_class()
         args.remove_unused_columns = False
-        kwargs["data_collator"] = trainer_cls.collator_class(pad_token_id=tokenizer.pad_token_id)
+        kwargs["data_collator"] = collator_cls(pad_token_id=tokenizer.pad_token_id)
     else:
-        trainer_cls = SFTTrainer
+        trainer_cls = _trl("trl.trainer.sft_trainer", "SFTTrainer")
     trainer = trainer_cls(
         model=model,
         args=args,
