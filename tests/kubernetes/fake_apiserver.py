@@ -8,8 +8,9 @@ ADDED/MODIFIED/DELETED, resumable from a version, 410 Gone for a compacted one),
 merge patch, delete, `metav1.Status` errors, bearer-token auth, and the garbage
 collector's cascade through ownerReferences. It does not schedule or run anything: the
 tests play scheduler and kubelet by setting pod status (`set_status`), or let a
-`kubelet` callback do it when a pod is created. Faults (409/429/5xx) are injected per
-method and resource with `fail()`; every request is logged in `requests`.
+`kubelet` callback do it when a pod is created (and `on_delete` when one is deleted).
+Faults (409/429/5xx) are injected per method and resource with `fail()`; every request
+is logged in `requests`.
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ class FakeKubeAPIServer:
 
     cilium: bool = False
     kubelet: Kubelet | None = None
+    # Called when a pod is deleted (the kubelet stopping its containers).
+    on_delete: Kubelet | None = None
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     objects: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
     history: list[Event] = field(default_factory=list)
@@ -280,6 +283,8 @@ class FakeKubeAPIServer:
         obj = copy.deepcopy(self.objects[key])
         obj["metadata"]["deletionTimestamp"] = _now()
         await self._put(key, obj, "DELETED")
+        if key[0] == "pods" and self.on_delete is not None:
+            await self.on_delete(self, copy.deepcopy(obj))
         # The garbage collector: dependents whose owner is gone go too.
         uid = obj["metadata"].get("uid")
         for dep_key, dep in list(self.objects.items()):

@@ -1,0 +1,191 @@
+"""The kubernetes backend's data path, for real: the control plane is FakeKubeAPIServer (a
+fake), but each pod it is asked for is started on the Docker engine by DockerKubelet, from
+the pod spec the backend wrote -- the init container copies the agent with the real
+injector program out of a `FROM scratch` injector image into a shared folder (the
+emptyDir), then the main container runs the user's image with the pod's command, args,
+env, user and capabilities. The container's bridge IP is reported as the pod IP, so the
+service reaches the agent over TCP with the token, exactly as it reaches a pod IP."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fake_apiserver import FakeKubeAPIServer, Obj
+from kube_helpers import NS, fake_cluster
+
+from conftest import TEST_LABELS
+from orchard.env.config import ServiceConfig
+from orchard.env.models import SandboxCreate
+from orchard.env.service import SandboxService
+
+pytestmark = pytest.mark.anyio
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def injector_image(agent_binary: Path, docker_ready: None, tmp_path_factory: Any) -> str:
+    """The injector image, built offline: FROM scratch + the agent + orchard-inject."""
+    work = tmp_path_factory.mktemp("injector")
+    inject = work / "orchard-inject"
+    subprocess.run(
+        ["go", "build", "-o", str(inject), "."],
+        cwd=REPO / "deploy/kubernetes/images/injector",
+        env={**os.environ, "CGO_ENABLED": "0"},
+        check=True,
+    )
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for src, name in ((agent_binary, "orchard-agent"), (inject, "orchard-inject")):
+            info = tar.gettarinfo(str(src), arcname=name)
+            info.mode, info.uid, info.gid = 0o755, 0, 0
+            with src.open("rb") as f:
+                tar.addfile(info, f)
+    tag = "orchard-test/agent-injector:latest"
+    subprocess.run(
+        ["docker", "import", "-", tag], input=buf.getvalue(), check=True, capture_output=True
+    )
+    return tag
+
+
+class DockerKubelet:
+    """Plays kubelet for the fake API server: runs each pod as Docker containers."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="orch-k8s-"))
+        self.containers: dict[str, str] = {}
+        self.started: list[Obj] = []
+
+    @staticmethod
+    async def _docker(*args: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            "docker", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        out, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"docker {args[0]} failed: {err.decode()}")
+        return out.decode().strip()
+
+    @staticmethod
+    def _labels() -> list[str]:
+        return [a for k, v in TEST_LABELS.items() for a in ("--label", f"{k}={v}")]
+
+    async def start(self, api: FakeKubeAPIServer, pod: Obj) -> None:
+        name, spec = pod["metadata"]["name"], pod["spec"]
+        self.started.append(pod)
+        empty_dir = self.root / name / spec["volumes"][0]["name"]
+        empty_dir.mkdir(parents=True)
+        empty_dir.chmod(0o777)  # as a kubelet makes an emptyDir
+        for c in [*spec["initContainers"], *spec["containers"]]:
+            args = ["--name", f"orchard-k8s-{name}-{c['name']}", *self._labels()]
+            args += ["--user", str(c["securityContext"]["runAsUser"])]
+            args += [f"--cap-drop={cap}" for cap in c["securityContext"]["capabilities"]["drop"]]
+            if c["securityContext"].get("readOnlyRootFilesystem"):
+                args.append("--read-only")
+            for m in c["volumeMounts"]:
+                args += ["-v", f"{self.root / name / m['name']}:{m['mountPath']}"]
+            for e in c.get("env", []):
+                args += ["-e", f"{e['name']}={e['value']}"]
+            limits = c["resources"]["limits"]
+            args += ["--memory", limits["memory"].replace("Mi", "m")]
+            if c.get("workingDir"):
+                args += ["-w", c["workingDir"]]
+            args += ["--entrypoint", c["command"][0], c["image"], *c["command"][1:]]
+            args += c.get("args", [])
+            if c in spec["initContainers"]:
+                await self._docker("run", "--rm", "--network", "none", *args)
+                continue
+            cid = await self._docker("run", "-d", *args)
+            self.containers[name] = cid
+            info = json.loads(await self._docker("inspect", cid))[0]
+            ip = info["NetworkSettings"]["IPAddress"]
+            await api.run_pod(NS, name, ip)
+
+    async def stop(self, api: FakeKubeAPIServer, pod: Obj) -> None:
+        cid = self.containers.pop(pod["metadata"]["name"], None)
+        if cid:
+            await self._docker("rm", "-f", cid)
+
+    def close(self) -> None:
+        for cid in self.containers.values():
+            subprocess.run(["docker", "rm", "-f", cid], capture_output=True, check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+async def test_exec_and_files_reach_the_pod_ip_with_the_token(
+    tmp_path: Path, injector_image: str, busybox_image: str
+) -> None:
+    kubelet = DockerKubelet()
+    try:
+        async with fake_cluster(tmp_path, kubelet=kubelet.start, on_delete=kubelet.stop) as (
+            api,
+            make,
+        ):
+            backend = make(injector_image=injector_image, image_pull_policy="Never")
+            config = ServiceConfig(state_dir=tmp_path / "svc", secret=b"s", backend="kubernetes")
+            svc = SandboxService(config, backend)
+            started = time.monotonic()
+            sb = await svc.create(
+                "alice",
+                SandboxCreate(
+                    image=busybox_image,
+                    cmd=["sh", "-c", "echo started > /tmp/child; exec sleep 3600"],
+                    env={"GREETING": "hello"},
+                    workdir="/tmp",
+                    memory="256m",
+                ),
+            )
+            assert sb.status == "ready", sb
+            ready_s = time.monotonic() - started
+            rec = await backend.get(sb.id)
+            assert rec is not None and rec.endpoint.base_url is not None
+            url = rec.endpoint.base_url
+            ip = api.pods(NS)[f"orchard-{sb.id}"]["status"]["podIP"]
+            assert url == f"http://{ip}:9090"
+
+            agent = await svc.agent("alice", sb.id)
+            res = await agent.exec("echo $GREETING from $(pwd); cat /tmp/child; id -u")
+            assert res.exit_code == 0
+            assert res.stdout.split("\n")[:3] == ["hello from /tmp", "started", "0"]
+            # The agent dropped the token from the environment of what it runs.
+            env = await agent.exec(["env"])
+            assert "ORCHARD_AGENT_TOKEN" not in env.stdout and "GREETING=hello" in env.stdout
+            await agent.write_file("/work/data.bin", bytes(range(256)) * 64)
+            assert await agent.read_file("/work/data.bin") == bytes(range(256)) * 64
+            # Straight over TCP: /health is open, everything else needs this sandbox's token.
+            async with httpx.AsyncClient(base_url=url, timeout=5) as raw:
+                assert (await raw.get("/health")).status_code == 200
+                assert (await raw.post("/exec", json={"cmd": "id"})).status_code == 401
+                other = {"Authorization": f"Bearer {config.agent_token('sb-other')}"}
+                assert (
+                    await raw.post("/exec", json={"cmd": "id"}, headers=other)
+                ).status_code == 401
+                mine = {"Authorization": f"Bearer {config.agent_token(sb.id)}"}
+                ok = await raw.post("/exec", json={"cmd": ["true"]}, headers=mine)
+                assert ok.status_code == 200
+
+            # The pod spec's agent port and the emptyDir path are what actually ran.
+            assert kubelet.started[0]["spec"]["containers"][0]["args"][:2] == ["--listen", ":9090"]
+            # Nothing went through the API server's exec/attach path.
+            assert not [p for _, p, _ in api.requests if "/exec" in p or "/attach" in p]
+
+            await svc.delete("alice", sb.id)
+            assert api.pods(NS) == {}
+            with pytest.raises(httpx.TransportError):
+                async with httpx.AsyncClient(base_url=url, timeout=1) as raw:
+                    await raw.get("/health")
+            await svc.stop()
+            assert ready_s < 30
+    finally:
+        kubelet.close()
