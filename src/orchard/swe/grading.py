@@ -250,7 +250,7 @@ def grade(
                 cmd = None
                 run_log.append("empty patch: running the tests on the base commit")
             sb.files.write(EVAL_PATH, eval_script(task))
-            rc, test_log, timed_out = _sh(sb, f"bash {EVAL_PATH}", task.workdir, test_timeout_s)
+            _, test_log, timed_out = _sh(sb, f"bash {EVAL_PATH}", task.workdir, test_timeout_s)
             if timed_out:
                 test_log += f"\n{TESTS_TIMEOUT} after {test_timeout_s} s\n"
             result = grade_log(task, test_log)

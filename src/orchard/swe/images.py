@@ -121,18 +121,33 @@ def _build(task: Task, base: str, tar: bytes, tag: str) -> None:
     env_args = [a for k, v in GIT_ENV.items() for a in ("-e", f"{k}={v}")]
     try:
         head = _docker(
-            "run", "-i", "--name", name, "--network", "none", *env_args, base,
-            "bash", "-c", script, input_bytes=tar,
-        )  # fmt: skip
+            "run",
+            "-i",
+            "--name",
+            name,
+            "--network",
+            "none",
+            *env_args,
+            base,
+            "bash",
+            "-c",
+            script,
+            input_bytes=tar,
+        )
         if task.base_commit and head != task.base_commit:
             raise env_images.ImageBuildError(
                 f"{task.instance_id}: the image's commit {head} is not the recorded "
                 f"base_commit {task.base_commit} (was the source tree edited?)"
             )
         _docker(
-            "commit", "--change", f"WORKDIR {task.workdir}", "--change", 'CMD ["bash"]',
-            name, tag,
-        )  # fmt: skip
+            "commit",
+            "--change",
+            f"WORKDIR {task.workdir}",
+            "--change",
+            'CMD ["bash"]',
+            name,
+            tag,
+        )
         log.info("built %s for %s", tag, task.instance_id)
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)

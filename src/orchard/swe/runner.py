@@ -1,0 +1,421 @@
+"""Batch runs: the harness over many tasks (`run`), grading of predictions (`evaluate`), and
+teacher distillation into a training set (`distill`).
+
+Work is spread over a thread pool sharing one Orchard client. Every sandbox carries a
+`swe-run=<run id>` label and is deleted when its attempt ends; on Ctrl-C the pending
+attempts are cancelled and every sandbox of the run is deleted before returning. Runs
+resume: an instance (or attempt) whose result is on disk is skipped.
+
+Layout of `out/`:
+    preds.json                      SWE-bench predictions {id: {instance_id, model_patch, ...}}
+    <id>/<id>.traj.json             the trajectory (Orchard format; see trajectory.py)
+    <id>/run.log                    what happened, step by step
+    <id>/eval/{report.json,test_output.txt,run_instance.log,patch.diff}
+    summary.json                    SWE-bench's run report
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import traceback
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from orchard.swe.grading import GradeResult, Prediction, grade, summary
+from orchard.swe.harness import AgentConfig, SandboxEnv, run_agent
+from orchard.swe.models import Model, OpenAIModel, ReplayModel
+from orchard.swe.tasks import Task
+from orchard.swe.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from orchard.env.sdk import Orchard
+
+ModelFactory = Callable[[Task], Model]
+
+
+def model_factory(
+    spec: str, *, name: str = "default", mode: str = "text", params: dict[str, Any] | None = None
+) -> ModelFactory:
+    """`replay:PATH` (a trajectory file, or a folder of `<id>.json` / `<id>/<id>.traj.json`)
+    or the base URL of an OpenAI-compatible endpoint (one client per task)."""
+    if spec.startswith("replay:"):
+        root = Path(spec.removeprefix("replay:"))
+
+        def replay(task: Task) -> Model:
+            if root.is_file():
+                return ReplayModel(root)
+            iid = task.instance_id
+            for cand in (root / f"{iid}.json", root / iid / f"{iid}.traj.json"):
+                if cand.is_file():
+                    return ReplayModel(cand)
+            raise FileNotFoundError(f"no recorded trajectory for {task.instance_id} in {root}")
+
+        return replay
+    if not spec.startswith(("http://", "https://")):
+        raise ValueError(f"model must be an http(s) URL or replay:PATH, not {spec!r}")
+    p = dict(params or {})
+    return lambda task: OpenAIModel(spec, name=name, mode=mode, **p)  # type: ignore[arg-type]
+
+
+@dataclass
+class Attempt:
+    instance_id: str
+    exit_status: str | None
+    patch: str
+    trajectory: Trajectory | None
+    grade: GradeResult | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Run:
+    """Live sandboxes and the stop flag of one batch, for cleanup on Ctrl-C."""
+
+    client: Orchard
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"swe-run": self.run_id}
+
+    def cleanup(self) -> None:
+        for sb in self.client.sandboxes.list(labels=self.labels):
+            sb.delete()
+
+
+def _write_log(path: Path, traj: Trajectory | None, error: str | None) -> None:
+    lines: list[str] = []
+    if traj is not None:
+        for s in traj.steps:
+            head = (
+                f"step {s.step}: {s.prompt_tokens}+{s.completion_tokens} tokens, {s.model_s:.2f}s"
+            )
+            if s.format_error:
+                lines.append(f"{head}: format error: {s.format_error}")
+            else:
+                lines.append(
+                    f"{head}: $ {s.command}\n  -> exit {s.returncode} in {s.command_s:.2f}s"
+                )
+        lines.append(f"exit status: {traj.exit_status}; stats: {json.dumps(traj.stats())}")
+    if error:
+        lines.append(f"error: {error}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def attempt(
+    run: _Run,
+    task: Task,
+    model: Model,
+    config: AgentConfig,
+    out: Path,
+    *,
+    do_grade: bool = True,
+) -> Attempt:
+    """One agent run in a fresh sandbox, then (optionally) grading in another fresh one."""
+    out.mkdir(parents=True, exist_ok=True)
+    traj: Trajectory | None = None
+    error = None
+    try:
+        with run.client.sandboxes.create(
+            task.image, labels={"swe": "agent", **run.labels}, timeout_s=7200
+        ) as sb:
+            env = SandboxEnv(sb, task.workdir, config.env)
+            traj = run_agent(task, model, env, config, out / f"{task.instance_id}.traj.json")
+    except Exception as e:  # one broken instance must not end the batch
+        error = f"{type(e).__name__}: {e}"
+        (out / "error.txt").write_text(traceback.format_exc())
+    if traj is not None:
+        exit_status, error = traj.exit_status, traj.error or error
+    else:
+        exit_status = (error or "Error").split(":", 1)[0]
+    result = Attempt(
+        task.instance_id, exit_status, traj.submission if traj else "", traj, error=error
+    )
+    _write_log(out / "run.log", traj, error)
+    if do_grade and not run.stop.is_set():
+        pred = Prediction(task.instance_id, result.patch, model.name)
+        result.grade = grade(run.client, task, pred, log_dir=out / "eval", labels=run.labels)
+    return result
+
+
+def _progress(console: Console | None) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console or Console(stderr=True),
+        transient=False,
+    )
+
+
+def _pool(
+    client: Orchard,
+    jobs: list[tuple[str, Callable[[_Run], Any]]],
+    workers: int,
+    title: str,
+    status: Callable[[list[Any]], str],
+    console: Console | None,
+) -> list[Any]:
+    """Run jobs on a thread pool with a progress bar; Ctrl-C cancels and cleans up."""
+    run = _Run(client)
+    results: list[Any] = []
+    with _progress(console) as progress:
+        bar = progress.add_task(title, total=len(jobs), status=status(results))
+        pool = ThreadPoolExecutor(max_workers=max(1, workers))
+        futures: dict[Future[Any], str] = {pool.submit(fn, run): key for key, fn in jobs}
+        try:
+            for fut in as_completed(futures):
+                results.append(fut.result())
+                progress.update(bar, advance=1, status=status(results))
+        except BaseException:
+            run.stop.set()
+            for fut in futures:
+                fut.cancel()
+            run.cleanup()  # running workers fail fast once their sandbox is gone
+            pool.shutdown(wait=True, cancel_futures=True)
+            run.cleanup()
+            raise
+        pool.shutdown(wait=True)
+    return results
+
+
+def _resolved_status(results: list[Any]) -> str:
+    graded = [
+        r for r in results if getattr(r, "grade", None) is not None or isinstance(r, GradeResult)
+    ]
+    resolved = sum(1 for r in graded if (r if isinstance(r, GradeResult) else r.grade).resolved)
+    return f"resolved {resolved}/{len(graded)}" if graded else ""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+# ---------------------------------------------------------------- run
+
+
+def run_batch(
+    client: Orchard,
+    tasks: Iterable[Task],
+    factory: ModelFactory,
+    config: AgentConfig,
+    out: Path,
+    *,
+    workers: int = 1,
+    do_grade: bool = True,
+    redo: bool = False,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """The harness over `tasks`; writes preds.json, trajectories, logs, reports, summary.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    preds_path = out / "preds.json"
+    preds = {} if redo else _read_json(preds_path)
+    tasks = list(tasks)
+    lock = threading.Lock()
+
+    def job(task: Task) -> Callable[[_Run], Attempt]:
+        def fn(run: _Run) -> Attempt:
+            model = factory(task)
+            a = attempt(run, task, model, config, out / task.instance_id, do_grade=do_grade)
+            with lock:  # preds.json is shared: read-modify-write under the lock
+                current = _read_json(preds_path)
+                current[task.instance_id] = {
+                    "instance_id": task.instance_id,
+                    "model_name_or_path": model.name,
+                    "model_patch": a.patch,
+                    "exit_status": a.exit_status,
+                }
+                preds_path.write_text(json.dumps(current, indent=1))
+            return a
+
+        return fn
+
+    todo = [t for t in tasks if t.instance_id not in preds]
+    _pool(
+        client,
+        [(t.instance_id, job(t)) for t in todo],
+        workers,
+        "swe run",
+        _resolved_status,
+        console,
+    )
+    return _summarise(tasks, out, _read_json(preds_path))
+
+
+def _summarise(tasks: list[Task], out: Path, preds_json: dict[str, Any]) -> dict[str, Any]:
+    preds = {
+        k: Prediction(k, v.get("model_patch"), v.get("model_name_or_path", "unknown"))
+        for k, v in preds_json.items()
+    }
+    results: dict[str, GradeResult] = {}
+    for t in tasks:
+        report = _read_json(out / t.instance_id / "eval" / "report.json").get(t.instance_id)
+        if report:
+            results[t.instance_id] = GradeResult(
+                t.instance_id, report["verify_status"], resolved=report["resolved"]
+            )
+    s = summary(tasks, preds, results)
+    (out / "summary.json").write_text(json.dumps(s, indent=1))
+    return s
+
+
+# ---------------------------------------------------------------- eval
+
+
+def _grade_job(run: _Run, *, task: Task, pred: Prediction, out: Path) -> GradeResult:
+    log_dir = out / task.instance_id / "eval"
+    return grade(run.client, task, pred, log_dir=log_dir, labels=run.labels)
+
+
+def evaluate(
+    client: Orchard,
+    tasks: Iterable[Task],
+    preds: dict[str, Prediction],
+    out: Path,
+    *,
+    workers: int = 1,
+    redo: bool = False,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Grade predictions from any source; per-instance reports and SWE-bench's summary."""
+    by_id = {t.instance_id: t for t in tasks}
+    out.mkdir(parents=True, exist_ok=True)
+    jobs: list[tuple[str, Callable[[_Run], Any]]] = []
+    for iid, pred in preds.items():
+        if iid not in by_id:
+            continue
+        if not redo and (out / iid / "eval" / "report.json").exists():
+            continue
+
+        jobs.append((iid, functools.partial(_grade_job, task=by_id[iid], pred=pred, out=out)))
+    _pool(client, jobs, workers, "swe eval", _resolved_status, console)
+    chosen = [t for t in by_id.values() if t.instance_id in preds]
+    preds_json = {
+        k: {"model_patch": p.model_patch, "model_name_or_path": p.model_name_or_path}
+        for k, p in preds.items()
+    }
+    return _summarise(chosen, out, preds_json)
+
+
+# ---------------------------------------------------------------- distill
+
+
+def distill(
+    client: Orchard,
+    tasks: Iterable[Task],
+    factory: ModelFactory,
+    config: AgentConfig,
+    out: Path,
+    *,
+    k: int = 4,
+    workers: int = 1,
+    console: Console | None = None,
+) -> list[dict[str, Any]]:
+    """Run the teacher k times per task, grade every attempt, and write the training set
+    (`dataset.jsonl` and `dataset.parquet`): one row per attempt, resolved or not."""
+    tasks = list(tasks)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def job(task: Task, j: int) -> Callable[[_Run], dict[str, Any]]:
+        def fn(run: _Run) -> dict[str, Any]:
+            adir = out / task.instance_id / f"attempt-{j}"
+            row_path = adir / "row.json"
+            if row_path.exists():
+                return dict(json.loads(row_path.read_text()))
+            model = factory(task)
+            a = attempt(run, task, model, config, adir)
+            row = _row(task, j, model, a)
+            row_path.write_text(json.dumps(row))
+            return row
+
+        return fn
+
+    jobs = [(f"{t.instance_id}#{j}", job(t, j)) for t in tasks for j in range(k)]
+
+    def status(rows: list[Any]) -> str:
+        return f"resolved {sum(1 for r in rows if r['resolved'])}/{len(rows)}"
+
+    rows = _pool(client, jobs, workers, "swe distill", status, console)
+    rows.sort(key=lambda r: (r["instance_id"], r["attempt"]))
+    write_dataset(rows, out)
+    return rows
+
+
+def _row(task: Task, j: int, model: Model, a: Attempt) -> dict[str, Any]:
+    traj = a.trajectory
+    stats = traj.stats() if traj else {}
+    grade_ = a.grade
+    verify = grade_.verify_status if grade_ else "ERROR"
+    meta = {
+        "instance_id": task.instance_id,
+        "repo": task.repo,
+        "attempt": j,
+        "model": model.name,
+        "exit_status": a.exit_status,
+        "resolved": bool(grade_ and grade_.resolved),
+        "verify_status": verify,
+        "submission": a.patch,
+        **{
+            k: stats.get(k)
+            for k in (
+                "steps",
+                "commands",
+                "format_errors",
+                "prompt_tokens",
+                "completion_tokens",
+                "wall_s",
+            )
+        },
+        "error": a.error,
+    }
+    return {
+        "instance_id": task.instance_id,
+        "attempt": j,
+        "messages": traj.messages if traj else [],
+        "resolved": meta["resolved"],
+        "verify_status": verify,
+        "metadata": json.dumps(meta),
+    }
+
+
+def write_dataset(rows: list[dict[str, Any]], out: Path) -> None:
+    """JSONL and Parquet; `messages` are stored as JSON-free structs in Parquet (tool calls
+    and all), so `datasets.load_dataset("parquet", ...)` gives chat messages back."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    with (out / "dataset.jsonl").open("w") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+    normal = [{**r, "messages": [_message_columns(m) for m in r["messages"]]} for r in rows]
+    pq.write_table(pa.Table.from_pylist(normal), out / "dataset.parquet")
+
+
+def _message_columns(m: dict[str, Any]) -> dict[str, Any]:
+    """Every message with the same fields, so Parquet gets one schema for all rows."""
+    calls = [
+        {
+            "id": c.get("id"),
+            "type": c.get("type", "function"),
+            "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+        }
+        for c in m.get("tool_calls") or []
+    ]
+    return {
+        "role": m["role"],
+        "content": m.get("content") or "",
+        "tool_calls": calls or None,
+        "tool_call_id": m.get("tool_call_id"),
+    }
