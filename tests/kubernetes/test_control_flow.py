@@ -317,3 +317,38 @@ async def test_reconcile_removes_pods_stuck_pending(tmp_path: Path) -> None:
         removed = await svc.reconcile()
         assert removed["orphan"] == ["sb-stuck"]
         assert api.pods(NS) == {}
+
+
+def _verb(method: str, path: str, query: str) -> tuple[str, str]:
+    parts = path.strip("/").split("/")
+    plural = parts[parts.index("namespaces") + 2]
+    named = len(parts) > parts.index("namespaces") + 3
+    if method == "GET":
+        verb = "watch" if "watch=true" in query else ("get" if named else "list")
+    else:
+        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}[method]
+    return plural, verb
+
+
+async def test_the_role_grants_exactly_what_the_backend_calls(tmp_path: Path) -> None:
+    """Least privilege, checked against the calls a whole lifecycle makes (with Cilium)."""
+    import yaml
+
+    rbac = Path(__file__).resolve().parents[2] / "deploy/kubernetes/base/rbac.yaml"
+    role = next(d for d in yaml.safe_load_all(rbac.read_text()) if d["kind"] == "Role")
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    used: set[tuple[str, str]] = set()
+    for cilium in (True, False):
+        async with fake_cluster(tmp_path, kubelet=instant_kubelet, cilium=cilium) as (api, make):
+            backend = make(cilium="auto")
+            await backend.create(spec("sb-r", network=NetworkPolicy(egress="all")))
+            await until(lambda b=backend: b._synced)
+            await backend.list()
+            await backend.set_expiry("sb-r", time.time() + 60)
+            await backend.set_network("sb-r", NetworkPolicy(egress="allow", allow=["10.0.0.1"]))
+            await backend.set_network("sb-r", NetworkPolicy())
+            await backend.set_network("sb-r", NetworkPolicy(egress="all"))
+            await backend.delete("sb-r")
+            used |= {_verb(*r) for r in api.requests}
+    assert used <= granted, used - granted
+    assert granted <= used, f"granted but never used: {granted - used}"
