@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchard.env.errors import OrchardError
+from orchard.swe.cli import swe_app
 
 if TYPE_CHECKING:
     from orchard.env.models import Sandbox as SandboxInfo
@@ -64,6 +65,7 @@ sandbox_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(swe_app, name="swe")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
 

@@ -1,0 +1,208 @@
+"""`orchard swe ...`: build sample images, run the harness, grade predictions, distill."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from orchard.env.sdk import Orchard
+
+swe_app = typer.Typer(
+    help="SWE-bench-style tasks: images, agent runs, grading, distillation.",
+    epilog="[bold]Examples[/bold]\n\n"
+    "  orchard swe build-images --tasks sample\n\n"
+    "  orchard swe run --tasks sample --model replay:src/orchard/swe/sample/trajectories "
+    "--workers 2 --out runs/demo\n\n"
+    "  orchard swe run --tasks verified.parquet --model http://localhost:8000/v1 "
+    "--model-name Qwen/Qwen3-8B --workers 16 --out runs/q3\n\n"
+    "  orchard swe eval --preds runs/q3/preds.json --tasks verified.parquet --out runs/q3-eval",
+    no_args_is_help=True,
+)
+err = Console(stderr=True, highlight=False)
+
+TasksOpt = Annotated[
+    str,
+    typer.Option("--tasks", help="`sample`, a .jsonl/.json/.parquet file or a datasets folder."),
+]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Output folder (resumable).")]
+WorkersOpt = Annotated[int, typer.Option("--workers", "-w", min=1, help="Parallel instances.")]
+InstanceOpt = Annotated[
+    list[str] | None, typer.Option("--instance", "-i", help="Only this instance id (repeatable).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="OpenAI-compatible base URL, or replay:PATH.")
+]
+ModelNameOpt = Annotated[
+    str,
+    typer.Option(
+        "--model-name", envvar="ORCHARD_MODEL_NAME", help="Model name sent to the endpoint."
+    ),
+]
+ModeOpt = Annotated[
+    str, typer.Option("--mode", help="text (```bash blocks) or tool (a bash tool).")
+]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Harness YAML (default: the built-in one).")
+]
+
+
+def _client() -> Orchard:
+    from orchard.cli import _client as root_client
+
+    return root_client()
+
+
+def _load(tasks: str, instance: list[str] | None) -> list[Any]:
+    from orchard.swe.tasks import load_tasks
+
+    try:
+        return load_tasks(tasks, ids=instance or None)
+    except (OSError, ValueError, KeyError) as e:
+        err.print(f"error: bad_request: {e}", markup=False)
+        raise typer.Exit(1) from e
+
+
+def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        return
+    table = Table(title="SWE results")
+    for col in (
+        "total",
+        "submitted",
+        "completed",
+        "resolved",
+        "unresolved",
+        "empty patch",
+        "errors",
+    ):
+        table.add_column(col, justify="right")
+    keys = ("total", "submitted", "completed", "resolved", "unresolved", "empty_patch", "error")
+    table.add_row(*(str(summary[f"{k}_instances"]) for k in keys))
+    Console().print(table)
+
+
+def _setup(mode: str, config: Path | None, step_limit: int | None) -> tuple[Any, dict[str, Any]]:
+    from orchard.swe.harness import load_config
+
+    if mode not in ("text", "tool"):
+        err.print("error: bad_request: --mode must be text or tool", markup=False)
+        raise typer.Exit(1)
+    return load_config(config, mode=mode, step_limit=step_limit)
+
+
+@swe_app.command("build-images")
+def build_images(
+    tasks: TasksOpt = "sample", instance: InstanceOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Build the sample tasks' images offline (cached by content; the first build takes minutes)."""
+    from orchard.swe.images import build_images as build
+
+    chosen = _load(tasks, instance)
+    tags = build(chosen, on_built=lambda iid, tag: err.print(f"{iid}: {tag}", markup=False))
+    if as_json:
+        sys.stdout.write(json.dumps(tags, indent=2) + "\n")
+
+
+@swe_app.command()
+def run(
+    model: ModelOpt,
+    out: OutOpt,
+    tasks: TasksOpt = "sample",
+    workers: WorkersOpt = 1,
+    model_name: ModelNameOpt = "default",
+    mode: ModeOpt = "text",
+    config: ConfigOpt = None,
+    step_limit: Annotated[int | None, typer.Option(help="Override the step limit.")] = None,
+    instance: InstanceOpt = None,
+    no_grade: Annotated[bool, typer.Option("--no-grade", help="Only run the agent.")] = False,
+    redo: Annotated[bool, typer.Option("--redo", help="Run finished instances again.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the agent on every task (and grade it); writes preds.json, trajectories, reports."""
+    from orchard.swe.runner import model_factory, run_batch
+
+    chosen = _load(tasks, instance)
+    agent_cfg, model_cfg = _setup(mode, config, step_limit)
+    factory = model_factory(model, name=model_name, mode=mode, params=model_cfg)
+    with _client() as client:
+        summary = run_batch(
+            client,
+            chosen,
+            factory,
+            agent_cfg,
+            out,
+            workers=workers,
+            do_grade=not no_grade,
+            redo=redo,
+        )
+    _print_summary(summary, as_json)
+
+
+@swe_app.command("eval")
+def eval_(
+    preds: Annotated[
+        Path, typer.Option("--preds", help="preds.json or .jsonl (SWE-bench format).")
+    ],
+    out: OutOpt,
+    tasks: TasksOpt = "sample",
+    workers: WorkersOpt = 1,
+    redo: Annotated[bool, typer.Option("--redo", help="Grade graded instances again.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Grade predictions from any source; per-instance report.json and a summary."""
+    from orchard.swe.grading import load_predictions
+    from orchard.swe.runner import evaluate
+
+    chosen = _load(tasks, None)
+    with _client() as client:
+        summary = evaluate(client, chosen, load_predictions(preds), out, workers=workers, redo=redo)
+    _print_summary(summary, as_json)
+
+
+@swe_app.command()
+def distill(
+    model: ModelOpt,
+    out: OutOpt,
+    tasks: TasksOpt = "sample",
+    k: Annotated[int, typer.Option("-k", min=1, help="Attempts per task.")] = 4,
+    workers: WorkersOpt = 1,
+    model_name: ModelNameOpt = "default",
+    mode: ModeOpt = "text",
+    config: ConfigOpt = None,
+    instance: InstanceOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a teacher k times per task, grade each attempt, write dataset.jsonl / .parquet."""
+    from orchard.swe.runner import distill as run_distill
+    from orchard.swe.runner import model_factory
+
+    chosen = _load(tasks, instance)
+    agent_cfg, model_cfg = _setup(mode, config, None)
+    factory = model_factory(model, name=model_name, mode=mode, params=model_cfg)
+    with _client() as client:
+        rows = run_distill(client, chosen, factory, agent_cfg, out, k=k, workers=workers)
+    counts = {"rows": len(rows), "resolved": sum(1 for r in rows if r["resolved"])}
+    if as_json:
+        sys.stdout.write(json.dumps(counts) + "\n")
+    else:
+        Console().print(f"{counts['rows']} trajectories ({counts['resolved']} resolved) in {out}")
+
+
+@swe_app.command("to-mini")
+def to_mini(
+    src: Annotated[Path, typer.Argument(help="An Orchard trajectory (.traj.json).")],
+    dst: Annotated[Path, typer.Argument(help="Where to write mini-swe-agent's format.")],
+) -> None:
+    """Convert a trajectory to mini-swe-agent's format (for its inspector and tools)."""
+    from orchard.swe.trajectory import Trajectory
+
+    dst.write_text(json.dumps(Trajectory.load(src).to_minisweagent(), indent=1))
