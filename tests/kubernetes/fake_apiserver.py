@@ -156,6 +156,7 @@ class FakeKubeAPIServer:
         app.router.add_route(
             "*", "/{prefix:apis?/[^/]+(?:/[^/]+)?}/namespaces/{ns}/{plural}/{name}", self._item
         )
+        app.router.add_route("GET", "/api/v1/namespaces/{name}", self._namespace)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -360,6 +361,12 @@ class FakeKubeAPIServer:
             return self._error(405, f"{request.method} not allowed")
         finally:
             self.in_flight -= 1
+
+    async def _namespace(self, request: web.Request) -> web.Response:
+        """Every namespace exists (the fake does not model them beyond a GET)."""
+        name = request.match_info["name"]
+        meta = {"name": name, "labels": {"kubernetes.io/metadata.name": name}}
+        return reply({"apiVersion": "v1", "kind": "Namespace", "metadata": meta})
 
     def _list(self, request: web.Request, prefix: str, ns: str, plural: str) -> web.Response:
         sel = request.query.get("labelSelector", "")

@@ -81,6 +81,8 @@ class KubernetesOptions:
     service_selector: dict[str, str] = field(
         default_factory=lambda: {"app.kubernetes.io/name": "orchard"}
     )
+    # Extra peers allowed to reach the agents, for a service running outside the cluster.
+    agent_ingress_cidrs: list[str] = field(default_factory=list)
     runtime_class: str | None = None
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
@@ -148,6 +150,10 @@ class KubernetesOptions:
             value = _env_json(env, var, None)
             if value is not None:
                 kw[name] = value
+        if env.get("ORCHARD_K8S_AGENT_INGRESS_CIDRS"):
+            kw["agent_ingress_cidrs"] = [
+                s.strip() for s in env["ORCHARD_K8S_AGENT_INGRESS_CIDRS"].split(",") if s.strip()
+            ]
         if env.get("ORCHARD_K8S_IMAGE_PULL_SECRETS"):
             kw["image_pull_secrets"] = [
                 s.strip() for s in env["ORCHARD_K8S_IMAGE_PULL_SECRETS"].split(",") if s.strip()
@@ -349,7 +355,8 @@ def build_baseline_policy(opts: KubernetesOptions) -> dict[str, Any]:
                                 }
                             },
                             "podSelector": {"matchLabels": dict(opts.service_selector)},
-                        }
+                        },
+                        *({"ipBlock": {"cidr": c}} for c in opts.agent_ingress_cidrs),
                     ],
                     "ports": [{"protocol": "TCP", "port": opts.agent_port}],
                 }
