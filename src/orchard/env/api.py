@@ -35,6 +35,7 @@ from fastapi.security import APIKeyHeader, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import HTTPConnection
+from starlette.routing import Match
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
@@ -102,7 +103,7 @@ _HOP = frozenset(
     }
 )
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    s: {"model": ErrorResponse} for s in (400, 401, 404, 410, 413, 422, 503)
+    s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 410, 413, 422, 503)
 }
 
 
@@ -626,6 +627,7 @@ for _method in _METHODS:  # one operation per method, so OpenAPI operation ids s
         tags=["ports"],
         operation_id=f"port_proxy_{_method.lower()}",
         response_class=StreamingResponse,
+        responses={502: {"model": ErrorResponse, "description": "nothing listens on the port"}},
     )
 
 
@@ -760,6 +762,15 @@ async def metrics(svc: Svc) -> Response:
 # ---------------------------------------------------------------- errors
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "type": "http"})
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
+
+
 def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     def reply(err: OrchardError, status: int | None = None) -> JSONResponse:
         metrics.errors.labels(err.code).inc()
@@ -790,7 +801,13 @@ def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
             err.code = {405: "method_not_allowed"}.get(  # type: ignore[misc]
                 exc.status_code, "http_error"
             )
-        return reply(err, exc.status_code)
+        resp = reply(err, exc.status_code)
+        if exc.status_code == 405:
+            # RFC 9110: list every method of the path; Starlette names only one route's.
+            resp.headers["Allow"] = ", ".join(_allowed_methods(request))
+        elif exc.headers:
+            resp.headers.update(exc.headers)
+        return resp
 
     async def on_any(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
