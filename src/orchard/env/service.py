@@ -83,6 +83,7 @@ class SandboxService:
         self._activity: dict[str, float] = {}
         self._conns: dict[str, AgentClient] = {}
         self._created: set[str] = set()  # made by this instance (EmbeddedService cleanup)
+        self._inflight: set[str] = set()  # creates still running here; reconcile leaves them be
         self._loop_task: asyncio.Task[None] | None = None
         self.last_reconcile_ok = True
 
@@ -212,6 +213,7 @@ class SandboxService:
 
     async def _create(self, spec: SandboxSpec, *, wait: bool) -> Sandbox:
         self._created.add(spec.id)
+        self._inflight.add(spec.id)
         self._activity[spec.id] = time.time()
         try:
             rec = await self.backend.create(spec)
@@ -220,11 +222,14 @@ class SandboxService:
                 rec = await self._wait_ready(rec, time.monotonic() + self.config.ready_timeout_s)
             else:
                 self._pending.add(rec.id)
+            self.touch(rec.id)  # the idle clock starts once the create is done
             return self.to_model(rec)
         except BaseException:
             # Nothing leaks: whatever part of the sandbox exists goes, even if we were cancelled.
             await asyncio.shield(self._remove(spec.id))
             raise
+        finally:
+            self._inflight.discard(spec.id)
 
     async def _wait_ready(self, rec: SandboxRecord, deadline: float) -> SandboxRecord:
         agent = self._conn(rec)
@@ -407,6 +412,8 @@ class SandboxService:
         return removed
 
     def _removal_reason(self, rec: SandboxRecord, now: float) -> str | None:
+        if rec.id in self._inflight:
+            return None  # half-made: removing it now would fail the create with a 409
         if not rec.owner or not rec.id or rec.expires_at <= 0:
             return "orphan"
         if rec.expires_at <= now:
