@@ -18,7 +18,12 @@ import pytest
 
 from orchard.env.agent_client import AgentClient
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
-from orchard.env.backends.docker import AGENT_PATH, DEFAULT_PIDS_LIMIT, DockerBackend
+from orchard.env.backends.docker import (
+    AGENT_PATH,
+    AGENT_PIDS_RESERVE,
+    DEFAULT_PIDS_LIMIT,
+    DockerBackend,
+)
 from orchard.env.errors import (
     Conflict,
     ImageNotFound,
@@ -146,7 +151,7 @@ async def test_new_backend_rebuilds_records_and_limits_are_set(
     host, cfg = data["HostConfig"], data["Config"]
     assert host["NanoCpus"] == 500_000_000
     assert host["Memory"] == host["MemorySwap"] == 64 << 20
-    assert host["PidsLimit"] == 64
+    assert host["PidsLimit"] == 64 + AGENT_PIDS_RESERVE  # the agent's threads on top
     assert not host["Init"]
     assert "NET_RAW" in host["CapDrop"]
     assert any(o.startswith("no-new-privileges") for o in host["SecurityOpt"])

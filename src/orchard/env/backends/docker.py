@@ -62,6 +62,10 @@ SOCKET_NAME = "agent.sock"
 LABEL = "orchard."
 USER_LABEL = "orchard.label."
 DEFAULT_PIDS_LIMIT = 4096
+# Added to the engine's PidsLimit for the agent's own threads (the Go runtime starts several):
+# `pids_limit` counts the user's processes, and a small one must not stop the agent from
+# starting ("failed to create new OS thread") or from serving once a fork bomb fills the rest.
+AGENT_PIDS_RESERVE = 32
 # How long an image name -> (id, config) lookup is trusted; creates of one image in a burst
 # then cost one inspect, and a re-tagged image is picked up soon after.
 IMAGE_CACHE_TTL_S = 30.0
@@ -382,7 +386,7 @@ class DockerBackend:
             "CapDrop": list(CAP_DROP),
             # Still lets the root agent drop to a lower uid for `user` execs (no gain on exec).
             "SecurityOpt": ["no-new-privileges"],
-            "PidsLimit": pids,
+            "PidsLimit": pids + AGENT_PIDS_RESERVE,
             "Sysctls": self._sysctls,
         }
         if spec.cpu:
