@@ -27,6 +27,8 @@ from orchard.swe.tasks import SAMPLE_DIR, sample_tasks
 
 def main() -> None:
     console = Console(highlight=False)
+    if not console.is_terminal:  # a log file: room for the whole table
+        console.width = max(console.width, 100)
     tasks = sample_tasks()
     console.rule("[bold]Orchard-SWE demo")
     t0 = time.monotonic()
@@ -53,10 +55,8 @@ def main() -> None:
         )
 
     table = Table(title=f"Orchard-SWE on the sample suite ({time.monotonic() - t1:.1f} s)")
-    for col in ("task", "exit", "steps", "tokens", "agent s", "grade", "F2P", "P2P"):
-        table.add_column(
-            col, justify="left" if col in ("task", "exit", "grade") else "right", no_wrap=True
-        )
+    for col in ("task", "exit", "steps", "tokens", "agent s", "verdict", "F2P", "P2P"):
+        table.add_column(col, justify="left" if col in ("task", "exit", "verdict") else "right")
     for task in tasks:
         d = out / task.instance_id
         traj = json.loads((d / f"{task.instance_id}.traj.json").read_text())
@@ -68,7 +68,7 @@ def main() -> None:
             return f"{len(part['success'])}/{len(part['success']) + len(part['failure'])}"
 
         st = traj["stats"]
-        grade = report["verify_status"]
+        grade = report["verify_status"].removeprefix("RESOLVED_").lower()
         style = "green" if report["resolved"] else "red"
         table.add_row(
             task.instance_id.split("__", 1)[-1],
