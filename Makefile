@@ -30,8 +30,9 @@ lint:  ## ruff, mypy --strict, gofmt, go vet
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
-	@out=$$(gofmt -l agent); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	@out=$$(gofmt -l agent deploy/kubernetes/images/injector); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	cd agent && go vet ./...
+	cd deploy/kubernetes/images/injector && go vet ./...
 
 test-go:
 	cd agent && go test -count=1 ./...
