@@ -83,9 +83,11 @@ def test_gives_up() -> None:
         with pytest.raises(ModelError, match="HTTP 400"):
             OpenAIModel(srv.base_url, **FAST).query([])
         assert len(srv.requests) == 1  # a client error is not retried
-    with FakeOpenAIServer([Reply(status=503)] * 3) as srv:
-        with pytest.raises(ModelError, match="giving up after 3 attempts"):
-            OpenAIModel(srv.base_url, max_retries=2, **FAST).query([])
+    with (
+        FakeOpenAIServer([Reply(status=503)] * 3) as srv,
+        pytest.raises(ModelError, match="giving up after 3 attempts"),
+    ):
+        OpenAIModel(srv.base_url, max_retries=2, **FAST).query([])
 
 
 def _task(tasks: list[Task], name: str) -> Task:
