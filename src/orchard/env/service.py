@@ -44,6 +44,8 @@ log = logging.getLogger("orchard.service")
 RESERVED_LABEL_PREFIX = "orchard."
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# Beyond any machine, and within the engine's int64 (2**70 came back as a Docker 500).
+MAX_MEMORY_BYTES = 1 << 50
 
 
 def parse_memory(value: str | int | None) -> int | None:
@@ -56,9 +58,12 @@ def parse_memory(value: str | int | None) -> int | None:
         m = _MEMORY_RE.match(value)
         if not m:
             raise InvalidRequest(f"invalid memory size {value!r} (use bytes, or e.g. '512m', '2g')")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        size = float(m.group(1)) * _UNITS[m.group(2).lower()]  # may be inf: "9" * 400
+        n = int(size) if size <= MAX_MEMORY_BYTES else MAX_MEMORY_BYTES + 1
     if n < 4 << 20:
         raise InvalidRequest(f"memory must be at least 4 MiB, got {value!r}")
+    if n > MAX_MEMORY_BYTES:
+        raise InvalidRequest(f"memory must be at most 1 PiB, got {str(value)[:40]!r}")
     return n
 
 
