@@ -36,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import HTTPConnection
 from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
@@ -764,9 +765,14 @@ async def metrics(svc: Svc) -> Response:
 
 def _allowed_methods(request: Request) -> list[str]:
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches({**request.scope, "type": "http"})
-        if match != Match.NONE:
+    scope = {**request.scope, "type": "http"}
+    routes = list(request.app.router.routes)
+    while routes:
+        route = routes.pop()
+        inner = getattr(route, "original_router", None)  # FastAPI's wrapper of include_router
+        if inner is not None:
+            routes.extend(inner.routes)
+        elif route.matches(scope)[0] != Match.NONE:
             methods |= getattr(route, "methods", None) or set()
     return sorted(methods)
 
@@ -798,7 +804,8 @@ def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
             err: OrchardError = NotFound(f"no route {request.method} {request.url.path}")
         else:
             err = OrchardError(str(exc.detail))
-            err.code = {405: "method_not_allowed"}.get(  # type: ignore[misc]
+            # 400: a body FastAPI could not parse at all (e.g. invalid UTF-8 in JSON).
+            err.code = {400: "bad_request", 405: "method_not_allowed"}.get(  # type: ignore[misc]
                 exc.status_code, "http_error"
             )
         resp = reply(err, exc.status_code)
@@ -819,17 +826,87 @@ def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     app.add_exception_handler(Exception, on_any)
 
 
+# ---------------------------------------------------------------- body limit
+
+# JSON bodies are read whole into memory before validation, so they are bounded here (the
+# agent's own limit); uploads and the port proxy stream and have their own limit.
+MAX_JSON_BODY = 16 << 20
+
+
+def _streams_body(scope: Scope) -> bool:
+    path: str = scope.get("path", "")
+    if "/ports/" in path:
+        return True
+    return scope.get("method") == "PUT" and path.endswith(("/files", "/files/tar"))
+
+
+class JsonBodyLimit:
+    """Answer 413 `too_large` to a buffered body over MAX_JSON_BODY before holding it all."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        err = TooLarge(f"request body over {MAX_JSON_BODY} bytes")
+        self.metrics.errors.labels(err.code).inc()
+        await JSONResponse(err.to_body(), status_code=err.status)(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _streams_body(scope):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit():
+            if int(declared) > MAX_JSON_BODY:
+                await self._refuse(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        # No length (chunked): take it in up to the limit, then hand it on in one piece.
+        body, more = bytearray(), True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                break
+            body += msg.get("body", b"")
+            if len(body) > MAX_JSON_BODY:
+                await self._refuse(scope, receive, send)
+                return
+            more = msg.get("more_body", False)
+        first: Message | None = {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        async def replay() -> Message:
+            nonlocal first
+            if first is not None:
+                msg, first = first, None
+                return msg
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 # ---------------------------------------------------------------- app
 
 
 def make_backend(config: ServiceConfig) -> Backend:
-    if config.backend == "docker":
+    name = config.backend
+    if name == "auto":  # docker when an engine answers, else local (root + runc)
+        from orchard.env.backends.select import auto_backend
+
+        name = auto_backend()
+    if name in ("docker", "local"):
         from orchard.env.agent_client import locate_agent_binary
-        from orchard.env.backends.docker import DockerBackend
 
         binary = Path(config.agent_binary) if config.agent_binary else locate_agent_binary()
+        if name == "local":
+            from orchard.env.backends.local import LocalBackend
+
+            return LocalBackend(config.state_dir, binary, extra_labels=config.extra_labels)
+        from orchard.env.backends.docker import DockerBackend
+
         return DockerBackend(config.state_dir, binary, extra_labels=config.extra_labels)
-    if config.backend == "kubernetes":
+    if name == "kubernetes":
         from orchard.env.backends.k8s_objects import KubernetesOptions
         from orchard.env.backends.kubernetes import KubernetesBackend
 
@@ -839,7 +916,9 @@ def make_backend(config: ServiceConfig) -> Backend:
             {k.replace("orchard.", "orchard.dev/", 1): v for k, v in config.extra_labels.items()}
         )
         return KubernetesBackend(opts)
-    raise InvalidRequest(f"unknown backend {config.backend!r} (available: docker, kubernetes)")
+    raise InvalidRequest(
+        f"unknown backend {config.backend!r} (available: auto, docker, local, kubernetes)"
+    )
 
 
 def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI:
@@ -870,6 +949,7 @@ def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI
     app.state.delete_on_close = False
     app.state.startup_error = None
     _install_error_handlers(app, metrics)
+    app.add_middleware(JsonBodyLimit, metrics=metrics)
     app.include_router(router)
     return app
 
