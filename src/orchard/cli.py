@@ -133,7 +133,14 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
     uds: Annotated[str | None, typer.Option(help="Listen on this Unix socket instead.")] = None,
-    backend: Annotated[str, typer.Option(help="Where sandboxes run.")] = "docker",
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="Where sandboxes run: docker, local (runc), kubernetes, or auto (docker if an "
+            "engine answers, else local). Default: $ORCHARD_BACKEND, else auto.",
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the Orchard service (REST API) until interrupted."""

@@ -87,7 +87,7 @@ class ServiceConfig:
     state_dir: Path = field(default_factory=default_state_dir)
     api_keys: dict[str, str] = field(default_factory=dict)
     secret: bytes = b""
-    backend: str = "docker"
+    backend: str = "auto"  # docker | local | kubernetes; auto: docker if an engine answers
     agent_binary: str | None = None
     reconcile_interval_s: float = 5.0
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES

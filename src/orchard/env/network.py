@@ -170,8 +170,11 @@ class EgressFirewall:
     the rules, the cache is reloaded and the transaction retried once.
     """
 
-    def __init__(self, subnet: str = DEFAULT_SUBNET) -> None:
+    def __init__(self, subnet: str = DEFAULT_SUBNET, *, accept_forward: bool = False) -> None:
         self.subnet = str(ipaddress.ip_network(subnet))
+        # True for a bridge no engine manages (the local backend's): after the sandbox's own
+        # chain lets a packet through, nothing else would accept it, so we do.
+        self.accept_forward = accept_forward
         self._lock = asyncio.Lock()
         self._ready = False
         self._chains: set[str] = set()
@@ -259,6 +262,8 @@ class EgressFirewall:
             ],
             "INPUT": [f"-s {sub} ! -i lo -m comment --comment {tag} -j {INPUT_CHAIN}"],
         }
+        if self.accept_forward:  # inserted first, so it ends up after the jump to EGRESS
+            wanted[USER_CHAIN].insert(0, f"-s {sub} -m comment --comment {tag} -j ACCEPT")
         for chain, specs in wanted.items():
             ours = self._hooks(rules, chain)
             if len(ours) == len(specs):

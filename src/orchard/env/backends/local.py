@@ -1,0 +1,593 @@
+"""Local backend: runc directly, no daemon in between, for density and create speed.
+
+One sandbox = one OCI bundle in `<state_dir>/sandboxes/<id>/`:
+- `rootfs/`: an overlayfs mounted by this process (mount(2), no subprocess): the image's
+  unpacked rootfs from the shared cache (`oci_images.ImageStore`) below, the sandbox's own
+  `upper/` above (optionally on a size-limited tmpfs);
+- `config.json` (`oci_spec.runtime_spec`): the agent bind-mounted read-only as the process,
+  its socket folder `run/` mounted at /.orchard/run as with Docker, the image's env,
+  workdir and user, cgroup limits, its own namespaces;
+- `meta.json`: what Docker keeps in labels (owner, image, expiry, policy, limits, user
+  labels), plus the init's pid and start time and, once known, its exit code.
+
+`runc run --detach` (Debian's runc, `--root <state_dir>/runc`) starts it; runc then exits,
+so this process makes itself a child subreaper to inherit each sandbox's init and learn
+its exit status (a pidfd per sandbox, no polling). After a crash of the service its
+sandboxes keep running; the next backend over the same state folder finds them all from
+the folders, re-adopts the living and removes the dead, leaving no mount, cgroup, veth
+or named network namespace behind. Exit statuses of sandboxes that end while no service
+runs go to the host's init (which must reap orphans, as systemd does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
+from orchard.env.backends.local_net import LOCAL_BRIDGE, LOCAL_SUBNET, LocalNetwork
+from orchard.env.backends.oci_images import ImageStore, LocalImage
+from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
+from orchard.env.errors import Conflict, InvalidRequest, NotFound, SandboxExited, Unavailable
+from orchard.env.models import NetworkPolicy
+from orchard.env.network import ResolvedAllow, host_dns_servers, resolve_allow, sandbox_tag
+
+log = logging.getLogger("orchard.local")
+
+AGENT_PATH = "/.orchard/agent"
+RUN_DIR = "/.orchard/run"
+SOCKET_NAME = "agent.sock"
+DEFAULT_PIDS_LIMIT = 4096
+CGROUP_PARENT = "orchard"
+# Folders without a started container younger than this may be a create in flight.
+ORPHAN_GRACE_S = 120.0
+_SUN_PATH_MAX = 107
+_PR_SET_CHILD_SUBREAPER = 36
+_MNT_DETACH = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str, target: Path, fstype: str, data: str) -> None:
+    if _libc.mount(source.encode(), str(target).encode(), fstype.encode(), 0, data.encode()):
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype} on {target}: {os.strerror(err)}")
+
+
+def _umount(target: Path) -> None:
+    """Detach a mount if there is one (lazily: open files in it do not block a delete)."""
+    if os.path.ismount(target):
+        _libc.umount2(str(target).encode(), _MNT_DETACH)
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks (field 22 of /proc/<pid>/stat), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None  # a zombie is as dead as a sandbox gets
+    return int(fields[19])
+
+
+def _exit_code(info: Any) -> int | None:
+    if info is None:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return int(info.si_status)
+    return 128 + int(info.si_status)  # killed by a signal, as a shell reports it
+
+
+@dataclass
+class _Watch:
+    """The pidfd of one sandbox's init; `done` is set once it has exited."""
+
+    pid: int
+    fd: int
+    done: asyncio.Event
+    exit_code: int | None = None
+
+
+class LocalBackend:
+    """The Backend protocol on runc; see the module docstring."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        state_dir: Path,
+        agent_binary: Path,
+        *,
+        runc: str = "runc",
+        subnet: str = LOCAL_SUBNET,
+        bridge: str = LOCAL_BRIDGE,
+        default_pids_limit: int = DEFAULT_PIDS_LIMIT,
+        upper_size_bytes: int | None = None,
+        use_docker_images: bool = True,
+        pull_timeout_s: float = 300.0,
+        extra_labels: Mapping[str, str] | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir).resolve()
+        if any(c in str(self.state_dir) for c in ",:"):
+            raise ValueError(f"state dir {self.state_dir} must not contain ',' or ':' (overlay)")
+        self.agent_binary = Path(agent_binary).resolve()
+        if not self.agent_binary.is_file():
+            raise ValueError(f"agent binary {self.agent_binary} does not exist (run `make agent`)")
+        runc_path = shutil.which(runc)
+        if runc_path is None:
+            raise Unavailable(f"the local backend needs `{runc}` (apt-get install runc)")
+        self.runc = runc_path
+        self.runc_root = self.state_dir / "runc"
+        self.default_pids_limit = default_pids_limit
+        self.upper_size_bytes = upper_size_bytes
+        self.extra_labels = dict(extra_labels or {})
+        self.images = ImageStore(
+            self.state_dir / "images", use_docker=use_docker_images, pull_timeout_s=pull_timeout_s
+        )
+        self.network = LocalNetwork(subnet, bridge)
+        self._sysctl = (
+            {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
+            if Path("/proc/sys/net/ipv6").exists()
+            else {}
+        )
+        self._watches: dict[str, _Watch] = {}
+        self._creating: set[str] = set()
+        self._recovered = False
+        self._recover_lock = asyncio.Lock()
+        for sub in ("sandboxes", "runc"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        # runc exits right after starting a sandbox; its init is then ours to reap.
+        _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+    # ------------------------------------------------------------ paths and meta
+
+    def _box(self, sandbox_id: str) -> Path:
+        return self.state_dir / "sandboxes" / sandbox_id
+
+    def _endpoint(self, sandbox_id: str) -> AgentEndpoint:
+        return AgentEndpoint(socket_path=str(self._box(sandbox_id) / "run" / SOCKET_NAME))
+
+    def _read_meta(self, sandbox_id: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self._box(sandbox_id) / "meta.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _write_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
+        path = self._box(sandbox_id) / "meta.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, path)
+
+    def _update_meta(self, sandbox_id: str, **changes: Any) -> dict[str, Any]:
+        meta = self._read_meta(sandbox_id) or {"id": sandbox_id}
+        meta.update(changes)
+        self._write_meta(sandbox_id, meta)
+        return meta
+
+    # ------------------------------------------------------------ runc
+
+    async def _runc(self, *args: str, log_path: Path | None = None) -> tuple[int, str]:
+        out_fd = (
+            os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else -1
+        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.runc,
+                "--root",
+                str(self.runc_root),
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                # `run --detach` hands its stdio to the sandbox: a file, never our pipes.
+                stdout=out_fd if out_fd >= 0 else asyncio.subprocess.PIPE,
+                stderr=out_fd if out_fd >= 0 else asyncio.subprocess.STDOUT,
+            )
+        finally:
+            if out_fd >= 0:
+                os.close(out_fd)
+        out, _ = await proc.communicate()
+        text = (out or b"").decode(errors="replace").strip()
+        return proc.returncode or 0, text
+
+    # ------------------------------------------------------------ init watching
+
+    def _watch(self, sandbox_id: str, pid: int) -> _Watch | None:
+        """Follow one sandbox's init through a pidfd; None if it is already gone."""
+        old = self._watches.get(sandbox_id)
+        if old is not None and old.pid == pid:
+            return old
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        watch = _Watch(pid, fd, asyncio.Event())
+        self._watches[sandbox_id] = watch
+        loop = asyncio.get_running_loop()
+        loop.add_reader(fd, self._on_exit, sandbox_id, watch)
+        return watch
+
+    def _on_exit(self, sandbox_id: str, watch: _Watch) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(watch.fd)
+        try:
+            watch.exit_code = _exit_code(os.waitid(os.P_PIDFD, watch.fd, os.WEXITED | os.WNOHANG))
+        except ChildProcessError:
+            watch.exit_code = None  # not our child (adopted after a restart): code unknown
+        os.close(watch.fd)
+        watch.done.set()
+        if watch.exit_code is not None and self._box(sandbox_id).is_dir():
+            with contextlib.suppress(OSError):
+                self._update_meta(sandbox_id, exit_code=watch.exit_code)
+
+    def _alive(self, sandbox_id: str, meta: Mapping[str, Any]) -> bool:
+        watch = self._watches.get(sandbox_id)
+        if watch is not None and watch.pid == meta.get("pid"):
+            return not watch.done.is_set()
+        pid, started = meta.get("pid"), meta.get("pid_start")
+        return pid is not None and started is not None and _start_time(int(pid)) == started
+
+    # ------------------------------------------------------------ recovery
+
+    async def _recover(self) -> None:
+        """Once per backend: adopt living sandboxes, remove those that died unobserved."""
+        if self._recovered:
+            return
+        async with self._recover_lock:
+            if self._recovered:
+                return
+            dead: list[str] = []
+            for box in (self.state_dir / "sandboxes").iterdir():
+                meta = self._read_meta(box.name)
+                if meta is None or "pid" not in meta:
+                    continue  # half-made: remove_orphans decides after the grace period
+                if self._alive(box.name, meta):
+                    self._watch(box.name, int(meta["pid"]))
+                    if meta.get("ip"):
+                        self.network.reserve([str(meta["ip"])])
+                elif "exit_code" not in meta:
+                    dead.append(box.name)
+            self._recovered = True
+        if dead:
+            log.info("removing %d sandboxes that died while no service ran", len(dead))
+            await asyncio.gather(*(self.delete(i) for i in dead), return_exceptions=True)
+
+    # ------------------------------------------------------------ create
+
+    def _child(self, spec: SandboxSpec, image: LocalImage) -> list[str]:
+        if spec.cmd == []:
+            return [*image.entrypoint, *image.cmd]
+        return list(spec.cmd or [])
+
+    def _etc_files(self, box: Path, hostname: str, ip: str | None) -> list[tuple[str, str, bool]]:
+        etc = box / "etc"
+        etc.mkdir()
+        (etc / "hostname").write_text(hostname + "\n")
+        hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        (etc / "hosts").write_text(hosts + (f"{ip}\t{hostname}\n" if ip else ""))
+        servers = host_dns_servers()
+        (etc / "resolv.conf").write_text("".join(f"nameserver {s}\n" for s in servers))
+        return [(str(etc / n), f"/etc/{n}", False) for n in ("hostname", "hosts", "resolv.conf")]
+
+    def _mount_rootfs(self, box: Path, image: LocalImage) -> None:
+        scratch = box / "scratch"
+        scratch.mkdir()
+        if self.upper_size_bytes:
+            _mount("tmpfs", scratch, "tmpfs", f"size={self.upper_size_bytes},mode=0700")
+        (scratch / "upper").mkdir()
+        (scratch / "work").mkdir()
+        (box / "rootfs").mkdir()
+        _mount(
+            "overlay",
+            box / "rootfs",
+            "overlay",
+            f"lowerdir={image.rootfs},upperdir={scratch / 'upper'},workdir={scratch / 'work'}",
+        )
+
+    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        await self._recover()
+        sandbox_tag(spec.id)  # validates the id (a folder, a runc id and a rule comment)
+        sock = self._endpoint(spec.id).socket_path or ""
+        if len(sock) > _SUN_PATH_MAX:
+            raise InvalidRequest(
+                f"socket path too long ({len(sock)} bytes): use a shorter state dir"
+            )
+        if any(k.startswith("ORCHARD_AGENT_") for k in spec.env):
+            raise InvalidRequest("env names starting with ORCHARD_AGENT_ are reserved")
+        egress = spec.network.egress
+        allow = await self._allow(spec.network)
+        image = await self.images.resolve(spec.image)
+        if egress != "none":
+            await self.network.ensure()
+        box = self._box(spec.id)
+        if box.exists() or spec.id in self._creating:
+            raise Conflict(f"sandbox {spec.id} already exists")
+        self._creating.add(spec.id)
+        try:
+            (box / "run").mkdir(parents=True)
+            box.chmod(0o700)
+            ip = self.network.allocate() if egress != "none" else None
+            meta = self._meta(spec, image, ip)
+            self._write_meta(spec.id, meta)
+            binds = [
+                (str(self.agent_binary), AGENT_PATH, True),
+                (str(box / "run"), RUN_DIR, False),
+                *self._etc_files(box, spec.id, ip),
+            ]
+            self._mount_rootfs(box, image)
+            config = runtime_spec(self._spec_input(spec, image, meta, box, binds))
+            (box / "config.json").write_text(json.dumps(config))
+            pid_file = box / "init.pid"
+            rc, _ = await self._runc(
+                "run",
+                "--detach",
+                "--pid-file",
+                str(pid_file),
+                "--bundle",
+                str(box),
+                spec.id,
+                log_path=box / "console.log",
+            )
+            if rc != 0:
+                tail = (box / "console.log").read_text(errors="replace")[-2000:].strip()
+                raise Unavailable(f"runc could not start sandbox {spec.id}: {tail}")
+            pid = int(pid_file.read_text())
+            meta.update(pid=pid, pid_start=_start_time(pid))
+            self._write_meta(spec.id, meta)
+            self._watch(spec.id, pid)
+            if ip is not None:
+                await self.network.attach(spec.id, pid, ip)
+                await self.network.firewall.apply(spec.id, ip, egress, allow)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.delete(spec.id)
+            raise
+        finally:
+            self._creating.discard(spec.id)
+        return self._record(meta)
+
+    def _meta(self, spec: SandboxSpec, image: LocalImage, ip: str | None) -> dict[str, Any]:
+        return {
+            "id": spec.id,
+            "owner": spec.owner,
+            "image": spec.image,
+            "image_key": image.key,
+            "created_at": time.time(),
+            "expires_at": float(spec.expires_at),
+            "idle_timeout_s": spec.idle_timeout_s,
+            "network": spec.network.model_dump(),
+            "cpu": spec.cpu,
+            "memory": spec.memory_bytes,
+            "pids": spec.pids_limit or self.default_pids_limit,
+            "default_user": spec.user or image.user,
+            "labels": dict(spec.labels),
+            "extra_labels": self.extra_labels,
+            "ip": ip,
+        }
+
+    def _spec_input(
+        self,
+        spec: SandboxSpec,
+        image: LocalImage,
+        meta: Mapping[str, Any],
+        box: Path,
+        binds: list[tuple[str, str, bool]],
+    ) -> SpecInput:
+        args = [AGENT_PATH, "--socket", f"{RUN_DIR}/{SOCKET_NAME}"]
+        if meta["default_user"]:
+            # The agent stays root (to switch users per request); the image's USER is the default.
+            args += ["--user", str(meta["default_user"])]
+        child = self._child(spec, image)
+        if child:
+            args += ["--", *child]
+        env = merge_env(image.env, {**spec.env, "ORCHARD_AGENT_TOKEN": spec.agent_token})
+        return SpecInput(
+            rootfs=str(box / "rootfs"),
+            args=args,
+            env=env,
+            cwd=spec.workdir or image.workdir or "/",
+            hostname=spec.id,
+            cgroups_path=f"/{CGROUP_PARENT}/{spec.id}",
+            binds=binds,
+            cpu=spec.cpu,
+            memory_bytes=spec.memory_bytes,
+            pids_limit=int(meta["pids"]),
+            sysctl=self._sysctl,
+        )
+
+    async def _allow(self, policy: NetworkPolicy) -> ResolvedAllow:
+        if policy.egress != "allow":
+            return ResolvedAllow((), False)
+        return await resolve_allow(policy.allow)
+
+    # ------------------------------------------------------------ records
+
+    def _record(self, meta: Mapping[str, Any]) -> SandboxRecord:
+        sid = str(meta["id"])
+        state: BackendState
+        exit_code: int | None = None
+        if "pid" not in meta:
+            state = "pending"
+        elif self._alive(sid, meta):
+            state = "running"
+        else:
+            state = "exited"
+            watch = self._watches.get(sid)
+            exit_code = meta.get("exit_code", watch.exit_code if watch else None)
+        return SandboxRecord(
+            id=sid,
+            owner=str(meta.get("owner", "")),
+            image=str(meta.get("image", "")),
+            state=state,
+            created_at=float(meta.get("created_at") or 0),
+            expires_at=float(meta.get("expires_at") or 0),
+            endpoint=self._endpoint(sid),
+            idle_timeout_s=meta.get("idle_timeout_s"),
+            network=NetworkPolicy.model_validate(meta.get("network") or {}),
+            labels=dict(meta.get("labels") or {}),
+            cpu=meta.get("cpu"),
+            memory_bytes=meta.get("memory"),
+            pids_limit=meta.get("pids"),
+            exit_code=exit_code,
+            error=None,
+            default_user=meta.get("default_user") or None,
+        )
+
+    def _visible(self, sandbox_id: str, meta: Mapping[str, Any] | None) -> bool:
+        """A folder is a sandbox once runc started it (or while our own create runs)."""
+        return meta is not None and ("pid" in meta or sandbox_id in self._creating)
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        await self._recover()
+        meta = self._read_meta(sandbox_id)
+        if not self._visible(sandbox_id, meta) or meta is None:
+            return None
+        return self._record(meta)
+
+    async def list(self) -> list[SandboxRecord]:
+        await self._recover()
+        records = []
+        for box in (self.state_dir / "sandboxes").iterdir():
+            meta = self._read_meta(box.name)
+            if self._visible(box.name, meta) and meta is not None:
+                records.append(self._record(meta))
+        return records
+
+    # ------------------------------------------------------------ updates
+
+    async def _require(self, sandbox_id: str) -> tuple[dict[str, Any], SandboxRecord]:
+        meta = self._read_meta(sandbox_id) if self._box(sandbox_id).is_dir() else None
+        if meta is None or not self._visible(sandbox_id, meta):
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        return meta, self._record(meta)
+
+    async def set_expiry(self, sandbox_id: str, expires_at: float) -> SandboxRecord:
+        await self._recover()
+        _, rec = await self._require(sandbox_id)
+        self._update_meta(sandbox_id, expires_at=float(expires_at))
+        rec.expires_at = float(expires_at)
+        return rec
+
+    async def set_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxRecord:
+        await self._recover()
+        meta, rec = await self._require(sandbox_id)
+        if rec.state != "running":
+            raise SandboxExited(
+                f"sandbox {sandbox_id} is not running", details={"state": rec.state}
+            )
+        allow = await self._allow(policy)
+        previous, ip = rec.network, meta.get("ip")
+        # Recorded first, so a crash half-way still leaves delete() knowing there is a veth.
+        self._update_meta(sandbox_id, network=policy.model_dump())
+        try:
+            if policy.egress == "none":
+                await self.network.firewall.remove(sandbox_id)
+                await self.network.detach(sandbox_id)
+                self.network.release(ip)
+                self._update_meta(sandbox_id, ip=None)
+            else:
+                if not ip:
+                    await self.network.ensure()
+                    ip = self.network.allocate()
+                    self._update_meta(sandbox_id, ip=ip)
+                    # Until apply() below, ORCHARD-EGRESS drops everything from it.
+                    await self.network.attach(sandbox_id, int(meta["pid"]), ip)
+                await self.network.firewall.apply(sandbox_id, ip, policy.egress, allow)
+        except BaseException:
+            self._update_meta(sandbox_id, network=previous.model_dump())
+            raise
+        rec.network = policy
+        return rec
+
+    # ------------------------------------------------------------ delete
+
+    async def _kill(self, sandbox_id: str, meta: Mapping[str, Any]) -> None:
+        """SIGKILL the init (the kernel then ends its whole PID namespace) and wait for it."""
+        pid = meta.get("pid")
+        if not pid or not self._alive(sandbox_id, meta):
+            return
+        watch = self._watch(sandbox_id, int(pid))
+        if watch is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(watch.fd, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await watch.done.wait()
+
+    async def delete(self, sandbox_id: str) -> None:
+        try:
+            sandbox_tag(sandbox_id)
+        except InvalidRequest:
+            return  # no sandbox can have such an id
+        box = self._box(sandbox_id)
+        meta = self._read_meta(sandbox_id)
+        if meta is not None:
+            await self._kill(sandbox_id, meta)
+        if (self.runc_root / sandbox_id).exists():
+            rc, out = await self._runc("delete", "--force", sandbox_id)
+            if rc != 0 and "does not exist" not in out:
+                log.warning("runc delete %s: %s", sandbox_id, out)
+        self._watches.pop(sandbox_id, None)
+        networked = (
+            meta is None
+            or meta.get("ip")
+            or (meta.get("network") or {}).get("egress", "none") != "none"
+        )
+        if networked:
+            if shutil.which("iptables"):
+                await self.network.firewall.remove(sandbox_id)
+            await self.network.detach(sandbox_id)
+            self.network.release(meta.get("ip") if meta else None)
+        self._remove_cgroups(sandbox_id)
+        _umount(box / "rootfs")
+        _umount(box / "scratch")
+        await asyncio.to_thread(shutil.rmtree, box, True)
+
+    @staticmethod
+    def _remove_cgroups(sandbox_id: str) -> None:
+        """What runc did not remove (a create that died half-way); empty cgroups only."""
+        root = Path("/sys/fs/cgroup")
+        for path in [
+            root / CGROUP_PARENT / sandbox_id,
+            *root.glob(f"*/{CGROUP_PARENT}/{sandbox_id}"),
+        ]:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+    async def remove_orphans(self, known: set[str]) -> builtins.list[str]:
+        """Delete folders of creates that never finished (called by the service's reconcile)."""
+        removed: builtins.list[str] = []
+        now = time.time()
+        for box in (self.state_dir / "sandboxes").iterdir():
+            sid = box.name
+            if sid in known or sid in self._creating:
+                continue
+            with contextlib.suppress(OSError):
+                if now - box.stat().st_mtime < ORPHAN_GRACE_S:
+                    continue
+            if not self._visible(sid, self._read_meta(sid)):
+                await self.delete(sid)
+                removed.append(sid)
+        return removed
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for watch in self._watches.values():
+            if not watch.done.is_set():
+                loop.remove_reader(watch.fd)
+                os.close(watch.fd)
+        self._watches.clear()
