@@ -229,6 +229,8 @@ def run_batch(
         def fn(run: _Run) -> Attempt:
             model = factory(task)
             a = attempt(run, task, model, config, out / task.instance_id, do_grade=do_grade)
+            if run.stop.is_set():  # interrupted: leave it to be run again on resume
+                return a
             with lock:  # preds.json is shared: read-modify-write under the lock
                 current = _read_json(preds_path)
                 current[task.instance_id] = {
@@ -337,7 +339,8 @@ def distill(
             model = factory(task)
             a = attempt(run, task, model, config, adir)
             row = _row(task, j, model, a)
-            row_path.write_text(json.dumps(row))
+            if not run.stop.is_set():  # an interrupted attempt is redone on resume
+                row_path.write_text(json.dumps(row))
             return row
 
         return fn
