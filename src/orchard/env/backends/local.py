@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
+from orchard.env.backends.docker import AGENT_PIDS_RESERVE
 from orchard.env.backends.local_net import LOCAL_BRIDGE, LOCAL_SUBNET, LocalNetwork
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
@@ -404,7 +405,7 @@ class LocalBackend:
             binds=binds,
             cpu=spec.cpu,
             memory_bytes=spec.memory_bytes,
-            pids_limit=int(meta["pids"]),
+            pids_limit=int(meta["pids"]) + AGENT_PIDS_RESERVE,  # as Docker: the agent's threads
             sysctl=self._sysctl,
         )
 

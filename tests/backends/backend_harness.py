@@ -1,0 +1,74 @@
+"""One `Harness` per backend: how to make it, and the host-side facts its tests look up
+(kill a sandbox's init from outside, its firewall, what it may leave on the host)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchard.env.backends.docker import DockerBackend
+from orchard.env.backends.local import CGROUP_PARENT, LocalBackend
+from orchard.env.backends.local_net import NETNS_DIR, netns_name, veth_names
+from orchard.env.network import EgressFirewall
+
+TEST_LABELS = {"orchard.test": "1"}
+BACKENDS = ("docker", "local")
+
+AnyBackend = DockerBackend | LocalBackend
+
+
+@dataclass
+class Harness:
+    """A backend under test and the host-side look-ups its tests need."""
+
+    name: str
+    state_dir: Path
+    agent_binary: Path
+
+    def make(self) -> AnyBackend:
+        """A backend instance over the state folder (a second one = a service restart)."""
+        if self.name == "docker":
+            return DockerBackend(self.state_dir, self.agent_binary, extra_labels=TEST_LABELS)
+        return LocalBackend(self.state_dir, self.agent_binary, extra_labels=TEST_LABELS)
+
+    @staticmethod
+    def firewall(backend: AnyBackend) -> EgressFirewall:
+        return backend.firewall if isinstance(backend, DockerBackend) else backend.network.firewall
+
+    def kill(self, sandbox_id: str) -> None:
+        """SIGKILL the sandbox's first process from the host, behind the backend's back."""
+        if self.name == "docker":
+            name = f"orchard-{sandbox_id}"
+            subprocess.run(["docker", "kill", name], capture_output=True, check=True)
+            subprocess.run(["docker", "wait", name], capture_output=True, check=True)
+            return
+        meta = json.loads((self.state_dir / "sandboxes" / sandbox_id / "meta.json").read_text())
+        os.kill(int(meta["pid"]), signal.SIGKILL)
+
+    def leftovers(self, sandbox_id: str) -> list[str]:
+        """Whatever of the sandbox is still on the host (empty once it is deleted)."""
+        found: list[str] = []
+        if (self.state_dir / "sandboxes" / sandbox_id).exists():
+            found.append("state folder")
+        if self.name == "docker":
+            ps = subprocess.run(
+                ["docker", "ps", "-aq", "--filter", f"name=orchard-{sandbox_id}"],
+                capture_output=True,
+                text=True,
+            )
+            return found + (["container"] if ps.stdout.strip() else [])
+        mounts = Path("/proc/mounts").read_text()
+        if f"/sandboxes/{sandbox_id}/" in mounts:
+            found.append("mount")
+        if (self.state_dir / "runc" / sandbox_id).exists():
+            found.append("runc state")
+        if (NETNS_DIR / netns_name(sandbox_id)).exists():
+            found.append("netns")
+        if Path(f"/sys/class/net/{veth_names(sandbox_id)[0]}").exists():
+            found.append("veth")
+        found += [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT}/{sandbox_id}")]
+        return found

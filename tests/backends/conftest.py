@@ -1,0 +1,80 @@
+"""Fixtures of the backend-independent suite: `harness` is parametrized over docker and local.
+
+A test uses only the Backend protocol, plus the harness's host-side look-ups.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from backend_harness import BACKENDS, AnyBackend, Harness
+
+
+@pytest.fixture(params=BACKENDS)
+def harness(
+    request: pytest.FixtureRequest, docker_ready: None, tmp_state_dir: Path, agent_binary: Path
+) -> Harness:
+    return Harness(str(request.param), tmp_state_dir, agent_binary)
+
+
+@pytest.fixture
+async def backend(harness: Harness) -> AsyncIterator[AnyBackend]:
+    b = harness.make()
+    made: list[str] = []
+    try:
+        yield b
+    finally:
+        for rec in await b.list():
+            made.append(rec.id)
+            await b.delete(rec.id)
+        await b.close()
+    for sid in made:
+        assert harness.leftovers(sid) == [], f"{harness.name} left {sid} behind"
+
+
+@pytest.fixture(scope="session")
+def derived_image(busybox_image: str) -> str:
+    """busybox plus the image config a real image has: ENV, WORKDIR, USER and a CMD."""
+    tag = "orchard-test/contract:" + hashlib.sha256(busybox_image.encode()).hexdigest()[:12]
+    if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
+        return tag
+    cid = subprocess.run(
+        ["docker", "create", "--label", "orchard.test=1", busybox_image],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        changes = [
+            "ENV GREETING=hello-from-image",
+            "WORKDIR /srv/app",
+            "USER 1000:1000",
+            'CMD ["sh", "-c", "echo $GREETING > /tmp/cmd-ran; exec sleep 600"]',
+        ]
+        args = [a for c in changes for a in ("--change", c)]
+        subprocess.run(["docker", "commit", *args, cid, tag], capture_output=True, check=True)
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, check=False)
+    return tag
+
+
+@pytest.fixture(scope="module")
+def web_target(busybox_image: str) -> Iterator[str]:
+    """The address of a web server in a plain container (answers `target`), for egress."""
+    name = f"orchard-test-contract-web-{os.getpid()}"
+    script = "mkdir -p /www && echo target > /www/index.html && exec httpd -f -p 8080 -h /www"
+    run = ["docker", "run", "-d", "--name", name, "--label", "orchard.test=1", busybox_image]
+    subprocess.run([*run, "sh", "-c", script], capture_output=True, check=True)
+    try:
+        out = subprocess.run(["docker", "inspect", name], capture_output=True, check=True).stdout
+        data: dict[str, Any] = json.loads(out)[0]
+        yield str(data["NetworkSettings"]["IPAddress"])
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
