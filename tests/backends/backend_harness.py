@@ -54,6 +54,9 @@ class Harness:
         found: list[str] = []
         if (self.state_dir / "sandboxes" / sandbox_id).exists():
             found.append("state folder")
+        rules = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True).stdout
+        if f"orchard:{sandbox_id}" in rules:
+            found.append("iptables rules")
         if self.name == "docker":
             ps = subprocess.run(
                 ["docker", "ps", "-aq", "--filter", f"name=orchard-{sandbox_id}"],
