@@ -1,0 +1,478 @@
+"""Multi-turn rollouts for RL: the SWE harness in Orchard sandboxes, with token capture.
+
+`PolicyModel` is a model for `orchard.swe.harness.run_agent` (it answers `query(messages)`)
+that keeps the exact token sequence of the episode: the harness's messages are turned into
+tokens by chat-template deltas (`IncrementalChat`), the policy's tokens are kept as
+generated, with their log-probs. Environment tokens (observations, template glue) get
+`env_mask` 0, so they carry no loss.
+
+`EpisodeRunner` runs one episode per fresh sandbox and grades it; `BARRolloutFunc` plugs
+BAR into TRL's `GRPOTrainer` as its `rollout_func`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orchard.train.bar import (
+    BARConfig,
+    BARResult,
+    Episode,
+    Outcome,
+    RewardConfig,
+    bar_rollout,
+    group_drop_reason,
+)
+from orchard.train.tokenize import IncrementalChat
+
+if TYPE_CHECKING:
+    from orchard.env.sdk import Orchard
+    from orchard.swe.harness import AgentConfig
+    from orchard.swe.models import Completion, Mode, TokenUsage
+    from orchard.swe.tasks import Task
+
+
+# ---------------------------------------------------------------- generation
+
+
+@dataclass
+class Generation:
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (end-of-turn produced) or "length"
+
+
+class Generator(Protocol):
+    """Samples a continuation of `prompt_ids` and returns each token's log-prob."""
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation: ...
+
+
+class HFGenerator:
+    """Sampling with a local `transformers` model (tests, small runs; vLLM at scale).
+
+    Log-probs are those of the temperature-scaled distribution, which is what TRL
+    recomputes for the importance-sampling correction. Calls are serialised: one model,
+    many episode threads.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        eos_id: int,
+        pad_id: int,
+        *,
+        temperature: float = 0.95,
+        top_p: float = 0.95,
+        seed: int | None = None,
+    ) -> None:
+        self.model, self.eos_id, self.pad_id = model, eos_id, pad_id
+        self.temperature, self.top_p = temperature, top_p
+        self._lock = threading.Lock()
+        self._seed = seed
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation:
+        import torch
+
+        with self._lock, torch.no_grad():
+            if self._seed is not None:
+                torch.manual_seed(self._seed)
+                self._seed += 1
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                device = next(self.model.parameters()).device
+                inp = torch.tensor([list(prompt_ids)], device=device)
+                out = self.model.generate(
+                    inp,
+                    attention_mask=torch.ones_like(inp),
+                    do_sample=True,
+                    temperature=self.temperature,
+                    top_p=self.top_p,
+                    top_k=0,
+                    max_new_tokens=max_new_tokens,
+                    eos_token_id=self.eos_id,
+                    pad_token_id=self.pad_id,
+                    return_dict_in_generate=True,
+                    output_logits=True,
+                )
+            finally:
+                self.model.train(was_training)
+            ids = out.sequences[0, inp.shape[1] :].tolist()
+            logprobs = [
+                torch.log_softmax(logits[0].float() / self.temperature, dim=-1)[tok].item()
+                for logits, tok in zip(out.logits, ids, strict=False)
+            ]
+        if self.eos_id in ids:  # nothing after end-of-turn belongs to the turn
+            ids = ids[: ids.index(self.eos_id) + 1]
+            logprobs = logprobs[: len(ids)]
+        finish = "stop" if ids and ids[-1] == self.eos_id else "length"
+        return Generation(ids, logprobs, finish)
+
+
+# ---------------------------------------------------------------- the policy as a harness model
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse_reply(text: str, mode: str) -> dict[str, Any]:
+    """The assistant message for generated text; tool mode reads `<tool_call>` JSON blocks.
+
+    An unparsable call is left out, so the harness sees the turn as a format error.
+    """
+    if mode != "tool":
+        return {"role": "assistant", "content": text}
+    calls = []
+    for n, raw in enumerate(_TOOL_CALL.findall(text)):
+        try:
+            obj = json.loads(raw)
+            name, args = str(obj["name"]), obj.get("arguments", {})
+        except (ValueError, KeyError, TypeError):
+            continue
+        arguments = args if isinstance(args, str) else json.dumps(args)
+        calls.append(
+            {
+                "id": f"call_{n}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        )
+    content = text.split("<tool_call>", 1)[0].strip()
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+@dataclass
+class TokenRecord:
+    """One episode's tokens in TRL's shape: a prompt, then completion tokens with masks."""
+
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)  # 1 = produced by the policy
+    turns: int = 0
+
+    @property
+    def policy_tokens(self) -> int:
+        return sum(self.env_mask)
+
+    def trimmed(self) -> TokenRecord:
+        """Without trailing environment tokens (template glue after the last turn)."""
+        end = len(self.env_mask)
+        while end and not self.env_mask[end - 1]:
+            end -= 1
+        return TokenRecord(
+            self.prompt_ids,
+            self.completion_ids[:end],
+            self.logprobs[:end],
+            self.env_mask[:end],
+            self.turns,
+        )
+
+
+class PolicyModel:
+    """A `orchard.swe.models.Model` that samples from a `Generator` and records tokens."""
+
+    def __init__(
+        self,
+        generator: Generator,
+        tokenizer: Any,
+        *,
+        mode: Mode = "text",
+        tools: list[dict[str, Any]] | None = None,
+        max_new_tokens: int = 4096,
+        name: str = "policy",
+    ) -> None:
+        from orchard.swe.models import TokenUsage
+
+        self.generator, self.tokenizer, self.mode, self.name = generator, tokenizer, mode, name
+        self.max_new_tokens = max_new_tokens
+        self.chat = IncrementalChat(tokenizer, tools)
+        self.record = TokenRecord()
+        self.usage: TokenUsage = TokenUsage()
+
+    def _env(self, ids: list[int]) -> None:
+        self.record.completion_ids += ids
+        self.record.logprobs += [0.0] * len(ids)
+        self.record.env_mask += [0] * len(ids)
+
+    def query(self, messages: list[dict[str, Any]]) -> Completion:
+        from orchard.swe.models import Completion
+
+        start = time.monotonic()
+        new = self.chat.extend(messages, generation_prompt=True)
+        if self.record.turns == 0:
+            self.record.prompt_ids = list(self.chat.ids)
+        else:
+            self._env(new)
+        gen = self.generator.generate(self.chat.ids, self.max_new_tokens)
+        eos_id = self.chat.eos_id
+        body = gen.ids[:-1] if gen.ids and gen.ids[-1] == eos_id else gen.ids
+        message = parse_reply(self.tokenizer.decode(body, skip_special_tokens=False), self.mode)
+        if gen.finish_reason == "length":
+            message["finish_reason"] = "length"
+        prompt_tokens = len(self.chat.ids)
+        self.record.completion_ids += gen.ids
+        self.record.logprobs += gen.logprobs
+        self.record.env_mask += [1] * len(gen.ids)
+        self.record.turns += 1
+        tail = self.chat.add_generated([*messages, message], gen.ids)
+        self._env(tail)
+        done = Completion(
+            message, prompt_tokens, len(gen.ids), gen.finish_reason, time.monotonic() - start
+        )
+        self.usage.add(done)
+        return done
+
+
+# ---------------------------------------------------------------- episodes
+
+_OUTCOMES = {
+    "Submitted": Outcome.SUBMITTED,
+    "LimitsExceeded": Outcome.LIMIT,
+    "RepeatedFormatError": Outcome.LIMIT,
+    "TimeExceeded": Outcome.TIME_LIMIT,
+}
+
+
+@dataclass
+class EpisodeResult:
+    """What one episode produced, for training and for the record."""
+
+    record: TokenRecord
+    instance_id: str
+    exit_status: str | None
+    resolved: bool
+    messages: list[dict[str, Any]]
+    error: str | None = None
+    duration_s: float = 0.0
+
+
+@dataclass
+class EpisodeRunner:
+    """Runs the SWE harness in a fresh sandbox per episode and grades the submission."""
+
+    client: Orchard
+    tokenizer: Any
+    generator: Generator
+    agent_config: AgentConfig
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    max_new_tokens: int = 4096
+    labels: dict[str, str] = field(default_factory=dict)
+    grade_timeout_s: float = 600
+
+    def run(self, task: Task) -> Episode[EpisodeResult]:
+        from orchard.swe.grading import Prediction, grade
+        from orchard.swe.harness import SandboxEnv, run_agent
+        from orchard.swe.models import BASH_TOOL
+
+        start = time.monotonic()
+        mode = self.agent_config.mode
+        tools = [BASH_TOOL] if mode == "tool" else None
+        policy = PolicyModel(
+            self.generator,
+            self.tokenizer,
+            mode=mode,
+            tools=tools,
+            max_new_tokens=self.max_new_tokens,
+        )
+        labels = {"train": "rollout", **self.labels}
+        try:
+            with self.client.sandboxes.create(task.image, labels=labels, timeout_s=7200) as sb:
+                env = SandboxEnv(sb, task.workdir, self.agent_config.env)
+                traj = run_agent(task, policy, env, self.agent_config)
+            resolved = False
+            if traj.exit_status == "Submitted" and traj.submission.strip():
+                pred = Prediction(task.instance_id, traj.submission, policy.name)
+                graded = grade(
+                    self.client, task, pred, test_timeout_s=self.grade_timeout_s, labels=labels
+                )
+                if graded.verify_status == "ERROR":
+                    raise RuntimeError(graded.error or "grading failed")
+                resolved = graded.resolved
+        except Exception as e:  # a failed sandbox or model call is backfill, not a crash
+            result = EpisodeResult(
+                policy.record.trimmed(),
+                task.instance_id,
+                None,
+                False,
+                [],
+                f"{type(e).__name__}: {e}",
+            )
+            result.duration_s = time.monotonic() - start
+            return Episode(None, result.record.policy_tokens, Outcome.ABORTED, result)
+        outcome = _OUTCOMES.get(traj.exit_status or "", Outcome.ABORTED)
+        result = EpisodeResult(
+            policy.record.trimmed(),
+            task.instance_id,
+            traj.exit_status,
+            resolved,
+            traj.messages,
+            duration_s=time.monotonic() - start,
+        )
+        reward = None if outcome is Outcome.ABORTED else self.reward(resolved)
+        return Episode(reward, result.record.policy_tokens, outcome, result)
+
+    def sampler(
+        self, task: Task, pool: ThreadPoolExecutor
+    ) -> Callable[[int], list[Episode[EpisodeResult]]]:
+        """BAR's `generate(k)`: k episodes of `task`, run concurrently."""
+
+        def generate(k: int) -> list[Episode[EpisodeResult]]:
+            return list(pool.map(lambda _: self.run(task), range(k)))
+
+        return generate
+
+
+# ---------------------------------------------------------------- TRL adapter
+
+
+def reward_from_rollout(
+    completions: list[Any], rollout_reward: list[float], **_: Any
+) -> list[float]:
+    """GRPO reward function: the reward the rollout already computed (graded in the sandbox)."""
+    return [float(r) for r in rollout_reward]
+
+
+@dataclass
+class BARStats:
+    tasks: int = 0
+    replaced: int = 0
+    episodes: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    rules: dict[str, int] = field(default_factory=dict)
+
+
+class BARRolloutFunc:
+    """TRL `rollout_func` running BAR per task.
+
+    TRL hands over each prompt repeated `num_generations` times (its sampler repeats
+    them) and expects one completion per row; so consecutive rows of one prompt form a
+    group, BAR oversamples inside (up to `max_samples`) and returns exactly N rows per
+    task. A group the filter drops is replaced by another task from the pool (up to
+    `max_replacements` per group) so the batch stays full of useful groups; if none
+    passes, the last group is returned (its advantages are zero).
+
+    The data set's prompts are instance ids (`prompts_dataset`).
+    """
+
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        runner_factory: Callable[[Any], EpisodeRunner],
+        bar: BARConfig | None = None,
+        *,
+        max_replacements: int = 2,
+        concurrency: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        import random
+
+        self.tasks = {t.instance_id: t for t in tasks}
+        self.runner_factory = runner_factory
+        self.bar = bar or BARConfig()
+        self.max_replacements = max_replacements
+        self.concurrency = concurrency or self.bar.stride
+        self.stats = BARStats()
+        self.results: list[BARResult[EpisodeResult]] = []  # the last call's groups
+        self._rng = random.Random(seed)
+
+    def prompts_dataset(self) -> Any:
+        dataset_cls: Any = importlib.import_module("datasets").Dataset  # untyped package
+        return dataset_cls.from_dict({"prompt": list(self.tasks)})
+
+    def _group(
+        self, runner: EpisodeRunner, task: Task, pool: ThreadPoolExecutor
+    ) -> BARResult[EpisodeResult]:
+        res = bar_rollout(runner.sampler(task, pool), self.bar)
+        self.stats.tasks += 1
+        self.stats.episodes += res.generated
+        self.stats.rules[res.rule] = self.stats.rules.get(res.rule, 0) + 1
+        return res
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        n = self.bar.group_size
+        if trainer.num_generations != n:
+            raise ValueError(
+                f"GRPO num_generations ({trainer.num_generations}) != BAR group_size ({n})"
+            )
+        if len(prompts) % n:
+            raise ValueError(f"{len(prompts)} prompts is not a multiple of the group size {n}")
+        runner = self.runner_factory(trainer)
+        keys = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "rollout_reward")
+        out: dict[str, list[Any]] = {k: [] for k in (*keys, "instance_id", "exit_status")}
+        self.results = []
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="rollout") as pool:
+            for j in range(0, len(prompts), n):
+                task = self.tasks[str(prompts[j])]
+                res = self._group(runner, task, pool)
+                for _ in range(self.max_replacements):
+                    reason = group_drop_reason(res.group)
+                    if reason is None:
+                        break
+                    self.stats.dropped[reason] = self.stats.dropped.get(reason, 0) + 1
+                    self.stats.replaced += 1
+                    task = self.tasks[self._rng.choice(list(self.tasks))]
+                    res = self._group(runner, task, pool)
+                self.results.append(res)
+                for ep in res.group:
+                    r = ep.payload
+                    assert r is not None
+                    rec = r.record
+                    out["prompt_ids"].append(rec.prompt_ids)
+                    out["completion_ids"].append(
+                        rec.completion_ids or [runner.tokenizer.eos_token_id]
+                    )
+                    out["logprobs"].append(rec.logprobs or [0.0])
+                    out["env_mask"].append(rec.env_mask or [0])
+                    out["rollout_reward"].append(ep.reward if ep.reward is not None else 0.0)
+                    out["instance_id"].append(r.instance_id)
+                    out["exit_status"].append(r.exit_status or "aborted")
+        return out
+
+
+def hf_runner_factory(
+    client: Orchard,
+    tokenizer: Any,
+    agent_config: AgentConfig,
+    *,
+    temperature: float = 0.95,
+    top_p: float = 0.95,
+    max_new_tokens: int = 4096,
+    reward: RewardConfig | None = None,
+    seed: int | None = None,
+) -> Callable[[Any], EpisodeRunner]:
+    """Runners that sample from the trainer's current model (its weights at this step)."""
+
+    def make(trainer: Any) -> EpisodeRunner:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        gen = HFGenerator(
+            model,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+        )
+        return EpisodeRunner(
+            client,
+            tokenizer,
+            gen,
+            agent_config,
+            reward or RewardConfig(),
+            max_new_tokens,
+            labels={"train.run": uuid.uuid4().hex[:8]},
+        )
+
+    return make

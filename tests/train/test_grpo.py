@@ -1,0 +1,129 @@
+"""GRPO with BAR end to end: the SWE harness in real sandboxes on a sample task, graded for real.
+
+The tiny model is first taught (a few seconds of plain supervised steps) to answer the
+sample task `intervals-1` with a one-command fix; sampled at temperature 0.7 it then
+solves the task in some episodes and not in others, which is what BAR needs to form
+balanced groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from orchard import Orchard
+from orchard.env.config import ServiceConfig
+from orchard.swe.harness import AgentConfig, load_config
+from orchard.swe.images import task_image
+from orchard.swe.tasks import Task, sample_tasks
+from orchard.train.grpo import GRPORunConfig, run_grpo
+from orchard.train.rollout import EpisodeResult
+from orchard.train.tiny import build_model
+from orchard.train.tokenize import IncrementalChat, Trajectory, tokenize_trajectory
+
+SOLUTION = (
+    "THOUGHT: sort first.\n\n```bash\nsed -i 's/for iv in intervals:/for iv in sorted(intervals):/'"
+    " intervals/core.py && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff\n```"
+)
+
+
+@pytest.fixture(scope="module")
+def task(docker_ready: None) -> Task:
+    t = next(t for t in sample_tasks() if t.instance_id == "orchard-samples__intervals-1")
+    task_image(t)  # built offline once, then reused by tag
+    return t
+
+
+@pytest.fixture(scope="module")
+def agent_config() -> AgentConfig:
+    cfg, _ = load_config(
+        system_template="Fix the bug. Reply with one bash block.",
+        instance_template="{{ task }}",
+        step_limit=2,
+        max_consecutive_format_errors=2,
+        command_timeout_s=30,
+    )
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def client(agent_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchard]:
+    config = ServiceConfig(
+        state_dir=tmp_path_factory.mktemp("svc"),
+        agent_binary=str(agent_binary),
+        extra_labels={"orchard.test": "1"},
+    )
+    with Orchard(service_config=config) as c:
+        yield c
+
+
+def taught_model(tokenizer: Any, task: Task, cfg: AgentConfig) -> Any:
+    msgs = [
+        {"role": "system", "content": cfg.render(cfg.system_template)},
+        {"role": "user", "content": cfg.render(cfg.instance_template, task=task.problem_statement)},
+        {"role": "assistant", "content": SOLUTION},
+    ]
+    sample = tokenize_trajectory(Trajectory(msgs), tokenizer)
+    model = build_model(tokenizer, seed=0)
+    ids, labels = torch.tensor([sample.input_ids]), torch.tensor([sample.labels])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(160):
+        model(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+def test_grpo_two_steps_with_bar(
+    tokenizer: Any, task: Task, agent_config: AgentConfig, client: Orchard, tmp_path: Path
+) -> None:
+    model = taught_model(tokenizer, task, agent_config)
+    cfg = GRPORunConfig(
+        model="tiny",
+        output_dir=str(tmp_path / "grpo"),
+        group_size=2,
+        max_samples=4,
+        stride=2,
+        max_steps=2,
+        max_tokens_per_turn=100,
+        temperature=0.7,
+        top_p=1.0,
+        learning_rate=1e-5,
+        max_replacements=1,
+        save_steps=2,
+    )
+    metrics, rollout = run_grpo(cfg, [task], client, agent_config, model=model, tokenizer=tokenizer)
+    assert metrics["global_step"] == 2
+    assert (Path(metrics["final"]) / "model.safetensors").is_file()
+    stats = rollout.stats
+    assert stats.tasks >= 2 and 4 <= stats.episodes <= 4 * stats.tasks
+    assert sum(stats.rules.values()) == stats.tasks
+    assert stats.tasks == 2 + stats.replaced  # a dropped group was replaced by a fresh draw
+    assert sum(stats.dropped.values()) == stats.replaced
+    logged = [h for h in metrics["log_history"] if "reward" in h]
+    assert len(logged) == 2 and all(-1.0 <= h["reward"] <= 1.0 for h in logged)
+    # the last step's groups: exactly N rows each, masks aligned with the tokens
+    assert rollout.results and all(len(r.group) == 2 for r in rollout.results)
+    for res in rollout.results:
+        for ep in res.group:
+            r: EpisodeResult | None = ep.payload
+            assert r is not None and r.error is None, r and r.error
+            rec = r.record
+            assert len(rec.completion_ids) == len(rec.logprobs) == len(rec.env_mask)
+            assert rec.env_mask[-1] == 1 and ep.length == sum(rec.env_mask)
+            assert all(lp <= 0 for lp in rec.logprobs)
+            assert all(lp == 0 for lp, m in zip(rec.logprobs, rec.env_mask, strict=True) if not m)
+            assert ep.reward == (1.0 if r.resolved else -1.0)
+            # the tokens are the template's rendering of the episode, turn for turn
+            last = max(i for i, m in enumerate(r.messages) if m["role"] == "assistant")
+            chat = IncrementalChat(tokenizer)
+            want = chat.render(r.messages[: last + 1], generation_prompt=False)
+            got = tokenizer.decode(rec.prompt_ids + rec.completion_ids)
+            assert want.startswith(got) and want[len(got) :] == "\n"
+            # environment tokens sit exactly between turns: one model span per turn
+            spans = sum(1 for a, b in zip([0, *rec.env_mask], rec.env_mask, strict=False) if b > a)
+            assert spans == rec.turns
