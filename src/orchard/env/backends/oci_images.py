@@ -40,6 +40,7 @@ _MISSING = (
     "name unknown",
     "not found",
     "no such image",
+    "no descriptor found",
     "does not exist",
     "repository name not known",
     "did not resolve to an alias",
