@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -826,6 +827,24 @@ def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     app.add_exception_handler(Exception, on_any)
 
 
+# ---------------------------------------------------------------- logs
+
+_KEY_IN_QUERY = re.compile(rf"({KEY_QUERY}=)[^&\s\"]*")
+
+
+class RedactKeys(logging.Filter):
+    """Blank `orchard_key=...` in uvicorn's access log: API keys never reach a log line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if KEY_QUERY in message:
+            record.msg, record.args = _KEY_IN_QUERY.sub(r"\1[redacted]", message), ()
+        return True
+
+
+_REDACT = RedactKeys()
+
+
 # ---------------------------------------------------------------- body limit
 
 # JSON bodies are read whole into memory before validation, so they are bounded here (the
@@ -927,6 +946,8 @@ def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Added here, after uvicorn configured its loggers (it is idempotent).
+        logging.getLogger("uvicorn.access").addFilter(_REDACT)
         try:
             service = SandboxService(config, backend or make_backend(config), metrics)
             await service.start()
