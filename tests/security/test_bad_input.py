@@ -75,8 +75,8 @@ def test_oversized_json_is_refused_before_it_is_buffered(
         head = b""
         while b'"too_large"' not in head and (chunk := s.recv(65536)):
             head += chunk
-    head = head.decode()
-    assert head.startswith("HTTP/1.1 413") and '"too_large"' in head, head
+    text = head.decode()
+    assert text.startswith("HTTP/1.1 413") and '"too_large"' in text, text
     assert sh(c, sandbox, "echo still fine")["stdout"] == "still fine\n"
 
 
