@@ -27,6 +27,7 @@ from rich.table import Table
 
 from orchard.env.errors import OrchardError
 from orchard.swe.cli import swe_app
+from orchard.train.cli import train_app
 
 if TYPE_CHECKING:
     from orchard.env.models import Sandbox as SandboxInfo
@@ -66,6 +67,7 @@ sandbox_app = typer.Typer(
 )
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(swe_app, name="swe")
+app.add_typer(train_app, name="train")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
 

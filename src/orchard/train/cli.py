@@ -1,0 +1,214 @@
+"""`orchard train ...`: build the credit-assigned SFT data set, fine-tune, run GRPO with BAR."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+train_app = typer.Typer(
+    help="Training: credit-assignment SFT data, SFT, and GRPO with Balanced Adaptive Rollout.",
+    epilog="[bold]Examples[/bold]\n\n"
+    "  orchard train sft-data runs/distill/dataset.jsonl --tokenizer Qwen/Qwen3-8B "
+    "--judge rule --tasks sample --out data/sft\n\n"
+    "  orchard train sft --model Qwen/Qwen3-8B --data data/sft/dataset --out ckpt/sft --lora\n\n"
+    "  orchard train grpo --model ckpt/sft/final --tasks sample --out ckpt/rl --max-steps 100",
+    no_args_is_help=True,
+)
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
+TasksOpt = Annotated[
+    str | None,
+    typer.Option("--tasks", help="`sample`, a .jsonl/.json/.parquet file or a datasets folder."),
+]
+
+
+def _fail(code: str, message: str) -> typer.Exit:
+    err.print(f"error: {code}: {message}", markup=False)
+    return typer.Exit(1)
+
+
+def _emit(result: dict[str, Any], as_json: bool, title: str) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+        return
+    table = Table(title=title, show_header=False)
+    for key, value in result.items():
+        if key != "log_history":
+            table.add_row(
+                key, json.dumps(value, default=str) if isinstance(value, dict) else str(value)
+            )
+    out.print(table)
+
+
+def _overrides(path: Path | None) -> dict[str, Any]:
+    """Extra config fields from a JSON or YAML file (any field of the run's dataclass)."""
+    if path is None:
+        return {}
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise _fail("bad_request", f"{path}: expected a mapping of config fields")
+    return data
+
+
+@train_app.command("sft-data")
+def sft_data(
+    trajectories: Annotated[
+        list[Path],
+        typer.Argument(help="Trajectory files: .jsonl rows (`orchard swe distill`) or .json."),
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
+    tokenizer: Annotated[
+        str, typer.Option("--tokenizer", help="Tokenizer (model folder or name).")
+    ],
+    judge: Annotated[str, typer.Option("--judge", help="none, rule, or llm.")] = "rule",
+    judge_url: Annotated[
+        str | None, typer.Option("--judge-url", help="OpenAI-compatible base URL (…/v1).")
+    ] = None,
+    judge_model: Annotated[str, typer.Option("--judge-model", help="Judge model name.")] = "judge",
+    cache: Annotated[
+        Path | None, typer.Option("--cache", help="Judge answer cache (default OUT/judge-cache).")
+    ] = None,
+    threshold: Annotated[float, typer.Option("--threshold", help="Value below = critical.")] = 0.5,
+    min_prefix: Annotated[int, typer.Option("--min-prefix", help="Turns to keep a prefix.")] = 2,
+    mode: Annotated[str, typer.Option("--mode", help="cut or weight.")] = "cut",
+    tasks: TasksOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tokenize trajectories with loss masks; keep unresolved ones up to their first critical
+    mistake. Writes OUT/dataset (a datasets folder), OUT/chat.jsonl and OUT/report.json."""
+    from orchard.train.credit import (
+        CachedJudge,
+        CreditConfig,
+        Judge,
+        LLMJudge,
+        RuleJudge,
+        build_sft_data,
+    )
+    from orchard.train.tokenize import load_trajectories, to_dataset, write_chat_jsonl
+
+    if mode not in ("cut", "weight"):
+        raise _fail("bad_request", "--mode must be cut or weight")
+    trajs = load_trajectories(trajectories)
+    if tasks:
+        from orchard.swe.tasks import load_tasks
+
+        by_id = {t.instance_id: t for t in load_tasks(tasks)}
+        for t in trajs:
+            task = by_id.get(str(t.metadata.get("instance_id")))
+            if task is not None:
+                t.metadata.setdefault("FAIL_TO_PASS", task.FAIL_TO_PASS)
+                t.metadata.setdefault("PASS_TO_PASS", task.PASS_TO_PASS)
+    chosen: Judge | None
+    if judge == "none":
+        chosen = None
+    elif judge == "rule":
+        chosen = RuleJudge()
+    elif judge == "llm":
+        if not judge_url:
+            raise _fail("bad_request", "--judge llm needs --judge-url")
+        key = os.environ.get("ORCHARD_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        chosen = CachedJudge(
+            LLMJudge(judge_url, judge_model, api_key=key), cache or out_dir / "judge-cache"
+        )
+    else:
+        raise _fail("bad_request", "--judge must be none, rule or llm")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    cfg = CreditConfig(threshold, min_prefix, mode)  # type: ignore[arg-type]
+    pairs, report = build_sft_data(trajs, tok, chosen, cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    to_dataset([s for _, s in pairs]).save_to_disk(str(out_dir / "dataset"))
+    write_chat_jsonl(pairs, out_dir / "chat.jsonl")
+    result = {"samples": len(pairs), "out": str(out_dir), **report.to_json()}
+    (out_dir / "report.json").write_text(json.dumps(result, indent=2))
+    _emit(result, as_json, "SFT data")
+
+
+@train_app.command("sft")
+def sft(
+    model: Annotated[str, typer.Option("--model", help="Base model (folder or name).")],
+    data: Annotated[Path, typer.Option("--data", help="Folder from `sft-data` (…/dataset).")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Checkpoints and final model.")],
+    lora: Annotated[bool, typer.Option("--lora", help="Train a LoRA adapter (PEFT).")] = False,
+    epochs: Annotated[float, typer.Option("--epochs")] = 5.0,
+    max_steps: Annotated[int, typer.Option("--max-steps", help="-1 = by epochs.")] = -1,
+    lr: Annotated[float, typer.Option("--lr")] = 1e-5,
+    max_length: Annotated[int, typer.Option("--max-length")] = 65536,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="JSON/YAML with more SFTRunConfig fields.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fine-tune with TRL's SFTTrainer; resumes from the last checkpoint in OUT.
+    Several GPUs: `accelerate launch -m orchard.cli train sft ...` (DDP or FSDP config)."""
+    from orchard.train.sft import SFTRunConfig, run_sft
+
+    fields = {
+        "model": model,
+        "dataset": str(data),
+        "output_dir": str(out_dir),
+        "lora": lora,
+        "epochs": epochs,
+        "max_steps": max_steps,
+        "learning_rate": lr,
+        "max_length": max_length,
+        **_overrides(config),
+    }
+    _emit(run_sft(SFTRunConfig(**fields)), as_json, "SFT")
+
+
+@train_app.command("grpo")
+def grpo(
+    model: Annotated[str, typer.Option("--model", help="Policy model (folder or name).")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Checkpoints and final model.")],
+    tasks: TasksOpt = "sample",
+    max_steps: Annotated[int, typer.Option("--max-steps")] = 100,
+    group_size: Annotated[int, typer.Option("--group-size", help="N per task.")] = 4,
+    max_samples: Annotated[int, typer.Option("--max-samples", help="M per task.")] = 8,
+    stride: Annotated[int, typer.Option("--stride", help="S, concurrent.")] = 8,
+    harness: Annotated[
+        Path | None, typer.Option("--harness", help="Harness YAML (default: the built-in one).")
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="JSON/YAML with more GRPORunConfig fields."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """GRPO with BAR: episodes run the SWE harness in Orchard sandboxes (ORCHARD_URL, or an
+    embedded service on the local Docker engine) and are graded there."""
+    from orchard.cli import _client
+    from orchard.swe.harness import load_config
+    from orchard.swe.tasks import load_tasks
+    from orchard.train.grpo import GRPORunConfig, run_grpo
+
+    fields = {
+        "model": model,
+        "output_dir": str(out_dir),
+        "max_steps": max_steps,
+        "group_size": group_size,
+        "max_samples": max_samples,
+        "stride": stride,
+        **_overrides(config),
+    }
+    cfg = GRPORunConfig(**fields)
+    agent_config, _ = load_config(harness)
+    with _client() as client:
+        metrics, _rollout = run_grpo(cfg, load_tasks(tasks or "sample"), client, agent_config)
+    _emit(metrics, as_json, "GRPO")
