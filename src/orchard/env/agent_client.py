@@ -182,8 +182,13 @@ class AgentClient:
             max_keepalive_connections=max_connections,
             keepalive_expiry=30.0,
         )
+        # The agent speaks plain HTTP; loading the CA bundle would cost ~20 ms of CPU and
+        # ~0.8 MiB per client (one client per sandbox), so only an https:// URL gets it.
+        tls = base_url is not None and base_url.startswith("https://")
         transport = httpx.AsyncHTTPTransport(
-            uds=os.fspath(socket_path) if socket_path is not None else None, limits=limits
+            uds=os.fspath(socket_path) if socket_path is not None else None,
+            limits=limits,
+            verify=tls,
         )
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.socket_path = os.fspath(socket_path) if socket_path is not None else None
