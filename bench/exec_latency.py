@@ -107,15 +107,27 @@ class Bench:
         assert r.exit_code == 0, r
 
     def raw_http(self, cmd: str) -> None:
-        conn = getattr(self.local, "conn", None)
-        if conn is None:
-            conn = self.local.conn = UnixHTTP(str(self.svc.socket))
         body = json.dumps({"cmd": COMMANDS[cmd][0] if cmd == "true" else COMMANDS[cmd][1]})
-        conn.request(
-            "POST", f"/v1/sandboxes/{self.sb.id}/exec", body, {"Content-Type": "application/json"}
-        )
-        resp = conn.getresponse()
-        data = resp.read()
+        for attempt in (0, 1):
+            conn = getattr(self.local, "conn", None)
+            if conn is None:
+                conn = self.local.conn = UnixHTTP(str(self.svc.socket))
+            try:
+                conn.request(
+                    "POST",
+                    f"/v1/sandboxes/{self.sb.id}/exec",
+                    body,
+                    {"Content-Type": "application/json"},
+                )
+                resp = conn.getresponse()
+                data = resp.read()
+                break
+            except (ConnectionError, http.client.HTTPException):
+                # The server closes a keep-alive connection idle for 5 s (between phases).
+                conn.close()
+                self.local.conn = None
+                if attempt:
+                    raise
         assert resp.status == 200 and b'"exit_code":0' in data, data
 
     def docker_cli(self, cmd: str) -> None:
