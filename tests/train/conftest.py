@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchard import Orchard
+from orchard.env.config import ServiceConfig
+from orchard.swe.images import task_image
+from orchard.swe.tasks import Task, sample_tasks
 from orchard.train.tiny import build_tokenizer, save_tiny
 
 
@@ -19,3 +24,23 @@ def tokenizer() -> Any:
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model and tokenizer saved once per session (loadable by name like a hub model)."""
     return save_tiny(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def task(docker_ready: None) -> Task:
+    """The sample task `intervals-1`, its image built offline once and reused by tag."""
+    t = next(t for t in sample_tasks() if t.instance_id == "orchard-samples__intervals-1")
+    task_image(t)
+    return t
+
+
+@pytest.fixture(scope="session")
+def client(agent_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchard]:
+    """An embedded Orchard service on the local Docker engine."""
+    config = ServiceConfig(
+        state_dir=tmp_path_factory.mktemp("svc"),
+        agent_binary=str(agent_binary),
+        extra_labels={"orchard.test": "1"},
+    )
+    with Orchard(service_config=config) as c:
+        yield c

@@ -8,7 +8,6 @@ balanced groups.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +15,8 @@ import pytest
 import torch
 
 from orchard import Orchard
-from orchard.env.config import ServiceConfig
 from orchard.swe.harness import AgentConfig, load_config
-from orchard.swe.images import task_image
-from orchard.swe.tasks import Task, sample_tasks
+from orchard.swe.tasks import Task
 from orchard.train.grpo import GRPORunConfig, run_grpo
 from orchard.train.rollout import EpisodeResult
 from orchard.train.tiny import build_model
@@ -32,13 +29,6 @@ SOLUTION = (
 
 
 @pytest.fixture(scope="module")
-def task(docker_ready: None) -> Task:
-    t = next(t for t in sample_tasks() if t.instance_id == "orchard-samples__intervals-1")
-    task_image(t)  # built offline once, then reused by tag
-    return t
-
-
-@pytest.fixture(scope="module")
 def agent_config() -> AgentConfig:
     cfg, _ = load_config(
         system_template="Fix the bug. Reply with one bash block.",
@@ -48,17 +38,6 @@ def agent_config() -> AgentConfig:
         command_timeout_s=30,
     )
     return cfg
-
-
-@pytest.fixture(scope="module")
-def client(agent_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchard]:
-    config = ServiceConfig(
-        state_dir=tmp_path_factory.mktemp("svc"),
-        agent_binary=str(agent_binary),
-        extra_labels={"orchard.test": "1"},
-    )
-    with Orchard(service_config=config) as c:
-        yield c
 
 
 def taught_model(tokenizer: Any, task: Task, cfg: AgentConfig) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -47,6 +48,11 @@ def _emit(result: dict[str, Any], as_json: bool, title: str) -> None:
                 key, json.dumps(value, default=str) if isinstance(value, dict) else str(value)
             )
     out.print(table)
+
+
+def _quiet_stdout() -> contextlib.AbstractContextManager[Any]:
+    """The trainers print progress and log dicts on stdout; stdout is for the result only."""
+    return contextlib.redirect_stdout(sys.stderr)
 
 
 def _overrides(path: Path | None) -> dict[str, Any]:
@@ -170,7 +176,9 @@ def sft(
         "max_length": max_length,
         **_overrides(config),
     }
-    _emit(run_sft(SFTRunConfig(**fields)), as_json, "SFT")
+    with _quiet_stdout():
+        result = run_sft(SFTRunConfig(**fields))
+    _emit(result, as_json, "SFT")
 
 
 @train_app.command("grpo")
@@ -209,6 +217,6 @@ def grpo(
     }
     cfg = GRPORunConfig(**fields)
     agent_config, _ = load_config(harness)
-    with _client() as client:
+    with _client() as client, _quiet_stdout():
         metrics, _rollout = run_grpo(cfg, load_tasks(tasks or "sample"), client, agent_config)
     _emit(metrics, as_json, "GRPO")

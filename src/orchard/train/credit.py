@@ -21,11 +21,15 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import httpx
 
-from orchard.train.tokenize import Message, Sample, Trajectory, tokenize_trajectory
+from orchard.train.tokenize import Message, Sample, Trajectory, detect_mode, tokenize_trajectory
+
+if TYPE_CHECKING:
+    from orchard.env.sdk import Orchard
+    from orchard.swe.tasks import Task
 
 
 @dataclass
@@ -71,6 +75,52 @@ def turn_tests(msg: Message) -> dict[str, list[str]] | None:
     """
     tests = (msg.get("extra") or {}).get("tests")
     return tests if isinstance(tests, dict) else None
+
+
+def annotate_tests(
+    traj: Trajectory, task: Task, client: Orchard, *, command_timeout_s: float = 60
+) -> Trajectory:
+    """Replay `traj`'s commands in a fresh sandbox of `task`; after every command that changed
+    the working tree, grade the diff so far and record which tests pass (`extra.tests`).
+
+    This is what `RuleJudge` reads. Each grading runs in its own sandbox (as SWE-bench
+    does), so the replay's working tree never sees the test patch.
+    """
+    from orchard.swe.grading import Prediction, grade
+    from orchard.swe.harness import FormatError, SandboxEnv, parse_action
+
+    mode = detect_mode(traj.messages)
+    messages = [dict(m) for m in traj.messages]
+    with client.sandboxes.create(task.image, labels={"train": "replay"}, timeout_s=7200) as sb:
+        env = SandboxEnv(sb, task.workdir)
+        last = env.diff()
+        for i in traj.assistant_indices:
+            try:
+                command = parse_action(messages[i], mode)
+            except FormatError:
+                continue
+            env.execute(command, command_timeout_s)
+            diff = env.diff()
+            if diff == last:
+                continue
+            last = diff
+            report = grade(client, task, Prediction(task.instance_id, diff)).tests_status
+            passed = [
+                t
+                for k in ("FAIL_TO_PASS", "PASS_TO_PASS")
+                for t in report.get(k, {}).get("success", [])
+            ]
+            failed = [
+                t
+                for k in ("FAIL_TO_PASS", "PASS_TO_PASS")
+                for t in report.get(k, {}).get("failure", [])
+            ]
+            messages[i]["extra"] = {
+                **(messages[i].get("extra") or {}),
+                "tests": {"passed": passed, "failed": failed},
+            }
+    meta = {**traj.metadata, "FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS}
+    return Trajectory(messages, traj.tools, meta)
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,38 @@ class Trajectory:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Trajectory:
+        if str(obj.get("format", "")).startswith("orchard-swe-trajectory/"):
+            return cls.from_swe(obj)
         meta = obj.get("metadata") or {}
         if isinstance(meta, str):  # the recipe stores metadata as a JSON-encoded column
             meta = json.loads(meta)
         extra = {k: v for k, v in obj.items() if k not in ("messages", "tools", "metadata")}
         return cls(list(obj["messages"]), obj.get("tools"), {**extra, **meta})
+
+    @classmethod
+    def from_swe(cls, obj: Mapping[str, Any]) -> Trajectory:
+        """An `orchard.swe` trajectory file: its steps mark format errors and cut turns.
+
+        It holds no grade, so it counts as unresolved unless it carries `resolved`.
+        """
+        messages = [dict(m) for m in obj["messages"]]
+        for step in obj.get("steps", []):
+            msg = messages[step["message_index"]]
+            msg["format_error"] = bool(step.get("format_error"))
+            if step.get("finish_reason") == "length":
+                msg["finish_reason"] = "length"
+        mode = (obj.get("config") or {}).get("mode") or (obj.get("model") or {}).get("mode")
+        tools = None
+        if mode == "tool":
+            from orchard.swe.models import BASH_TOOL
+
+            tools = [BASH_TOOL]
+        meta = {
+            "instance_id": obj.get("instance_id"),
+            "exit_status": obj.get("exit_status"),
+            "resolved": bool(obj.get("resolved", False)),
+        }
+        return cls(messages, tools, meta)
 
     def to_json(self) -> dict[str, Any]:
         return {"messages": self.messages, "tools": self.tools, "metadata": self.metadata}
