@@ -1,0 +1,310 @@
+"""Stress test per backend: local (runc) beside docker, in the same run, same image, same load.
+
+Each backend gets its own `orchard serve` (ORCHARD_BACKEND=local|docker) and the pipeline
+of `stress.py`: N sandboxes, each created then running its four commands, `--concurrency`
+in flight. Then, with all N idle, memory is read; then every sandbox is deleted (timed one
+by one). Beside them, the engine's own floor: plain containers by `docker run -d` and
+`docker rm -f` through the Engine API, at the same concurrency.
+
+Memory per idle sandbox, all-in: what the host lost per sandbox once the burst settled
+(whole host, so noisy when others share it), and the accounted part: the sandbox's
+cgroup (agent and its page cache and kernel objects) plus the service's growth.
+
+    .venv/bin/python bench/stress_local.py [--backend both|local|docker] [--n 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+import docker
+from stress import COMMANDS, settle_mib
+
+from orchard import AsyncOrchard
+from orchard.env.sdk import AsyncSandbox
+
+TARGET_E2E_S = 26.0
+TARGET_MIB = 12.0
+
+
+def local_cgroup_mib(state: Path) -> tuple[int, float]:
+    """(sandboxes, mean memory cgroup MiB) of the local sandboxes under a state folder."""
+    xs = []
+    for box in (state / "sandboxes").iterdir():
+        for path in (
+            Path(f"/sys/fs/cgroup/memory/orchard/{box.name}/memory.usage_in_bytes"),
+            Path(f"/sys/fs/cgroup/orchard/{box.name}/memory.current"),
+        ):
+            with contextlib.suppress(OSError):
+                xs.append(int(path.read_text()) / 2**20)
+                break
+    return len(xs), (sum(xs) / len(xs) if xs else float("nan"))
+
+
+def delete_local_sandboxes(state: Path) -> None:
+    """Cleanup after an aborted run: a backend over the same folder removes what is left."""
+    if not (state / "sandboxes").is_dir():
+        return
+    from orchard.env.backends.local import LocalBackend
+
+    async def go() -> int:
+        backend = LocalBackend(state, common.agent_binary())
+        ids = {r.id for r in await backend.list()} | {
+            p.name for p in (state / "sandboxes").iterdir()
+        }
+        for sid in ids:
+            await backend.delete(sid)
+        await backend.close()
+        return len(ids)
+
+    if n := asyncio.run(go()):
+        print(f"cleanup: removed {n} local sandboxes", file=sys.stderr)
+
+
+async def pipeline(
+    client: AsyncOrchard, image: str, n: int, conc: int, timeout_s: float
+) -> dict[str, Any]:
+    """stress.stress()'s pipeline, keeping the sandboxes for the timed deletes."""
+    create_t: list[float] = []
+    exec_t: list[float] = []
+    failures: list[str] = []
+    boxes: list[AsyncSandbox] = []
+    sem = asyncio.Semaphore(conc)
+
+    async def one(i: int) -> None:
+        async with sem:
+            t0 = time.perf_counter()
+            try:
+                sb = await client.sandboxes.create(image, labels=common.LABELS)
+            except Exception as e:
+                failures.append(f"#{i} create: {type(e).__name__}: {e}")
+                return
+            create_t.append(time.perf_counter() - t0)
+            boxes.append(sb)
+            for cmd in COMMANDS:
+                t1 = time.perf_counter()
+                try:
+                    r = await sb.exec(cmd, timeout_s=60)
+                except Exception as e:
+                    failures.append(f"#{i} exec {cmd!r}: {type(e).__name__}: {e}")
+                    return
+                exec_t.append(time.perf_counter() - t1)
+                if r.exit_code != 0 or not r.stdout.strip():
+                    failures.append(f"#{i} exec {cmd!r}: exit {r.exit_code}: {r.stderr[:200]}")
+                    return
+
+    t0 = time.perf_counter()
+    tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    e2e = time.perf_counter() - t0
+    if pending:
+        failures.append(f"{len(pending)} sandboxes unfinished after {timeout_s:g} s")
+    ok = n - len({f.split()[0] for f in failures if f.startswith("#")}) - len(pending)
+    return {
+        "create_s": create_t,
+        "exec_s": exec_t,
+        "failures": failures,
+        "ok": ok,
+        "e2e_s": e2e,
+        "boxes": boxes,
+    }
+
+
+async def delete_timed(boxes: list[AsyncSandbox], conc: int) -> tuple[list[float], float]:
+    sem = asyncio.Semaphore(conc)
+    times: list[float] = []
+
+    async def rm(sb: AsyncSandbox) -> None:
+        async with sem:
+            t0 = time.perf_counter()
+            await sb.delete()
+            times.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(rm(b) for b in boxes), return_exceptions=True)
+    return times, time.perf_counter() - t0
+
+
+def run_backend(
+    cleanup: common.Cleanup, backend: str, image: str, n: int, conc: int, timeout_s: float
+) -> dict[str, Any]:
+    os.environ["ORCHARD_BACKEND"] = backend  # read by `orchard serve` (no --backend given)
+    try:
+        svc = common.ServiceProcess(cleanup)
+    finally:
+        del os.environ["ORCHARD_BACKEND"]
+    state = svc.dir / "state"
+    if backend == "local":
+        cleanup.add("local sandboxes", lambda: (svc.stop(), delete_local_sandboxes(state)))
+    with asyncio.Runner() as runner:
+        client = AsyncOrchard(svc.url)
+
+        async def warm() -> None:
+            # The image's first use (local: import and unpack it once) is not the burst.
+            sb = await client.sandboxes.create(image)
+            await sb.delete()
+
+        runner.run(warm())
+        time.sleep(1)
+        svc_idle = common.rss_mib(svc.pid)
+        base = common.host_used_mib()
+        with common.PeakMemory() as peak:
+            res = runner.run(pipeline(client, image, n, conc, timeout_s))
+        host = settle_mib(base)
+        if backend == "local":
+            _, cg = local_cgroup_mib(state)
+        else:
+            _, cg = common.mean_cgroup_mib(f"orchard.state_dir={state}")
+        agents = common.rss_of("agent")
+        svc_rss = common.rss_mib(svc.pid)
+        del_t, del_wall = runner.run(delete_timed(res["boxes"], 32))
+        runner.run(client.close())
+    svc.stop()
+    c, e = common.summarize(res["create_s"]), common.summarize(res["exec_s"])
+    d = common.summarize(del_t)
+    growth = (svc_rss - svc_idle) / n
+    return {
+        "backend": backend,
+        "n": n,
+        "ok": res["ok"],
+        "success_rate": res["ok"] / n,
+        "e2e_s": res["e2e_s"],
+        "commands": len(res["exec_s"]),
+        "commands_per_s": len(res["exec_s"]) / res["e2e_s"],
+        "create_p50_ms": c["p50_ms"],
+        "create_p99_ms": c["p99_ms"],
+        "exec_p50_ms": e["p50_ms"],
+        "exec_p99_ms": e["p99_ms"],
+        "delete_p50_ms": d["p50_ms"],
+        "delete_p99_ms": d["p99_ms"],
+        "delete_all_s": del_wall,
+        "host_peak_mib": peak.peak_mib - base,
+        "host_mib_per_sandbox": host / n,
+        "cgroup_mib_per_sandbox": cg,
+        "service_growth_mib_per_sandbox": growth,
+        "accounted_mib_per_sandbox": cg + growth,
+        "agent_rss_mib": agents[1] / max(1, agents[0]),
+        "failures": res["failures"][:20],
+    }
+
+
+def engine_floor(image: str, n: int, conc: int) -> dict[str, Any]:
+    """Plain `docker run -d` / `docker rm -f` through the Engine API: p50 of each."""
+    dc = docker.from_env(max_pool_size=conc + 8, timeout=120)
+    labels = {common.BENCH_LABEL: common.RUN_ID, "bench.floor": "1"}
+    run_t: list[float] = []
+    rm_t: list[float] = []
+
+    def run(_: int) -> Any:
+        t0 = time.perf_counter()
+        c = dc.containers.run(
+            image, ["sleep", "infinity"], detach=True, network_mode="none", labels=labels
+        )
+        run_t.append(time.perf_counter() - t0)
+        return c
+
+    def rm(c: Any) -> None:
+        t0 = time.perf_counter()
+        c.remove(force=True)
+        rm_t.append(time.perf_counter() - t0)
+
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(conc) as pool:
+            containers = list(pool.map(run, range(n)))
+        run_wall = time.perf_counter() - t0
+        with ThreadPoolExecutor(min(conc, 32)) as pool:
+            list(pool.map(rm, containers))
+    finally:
+        common.remove_containers("bench.floor=1")
+        dc.close()
+    r, d = common.summarize(run_t), common.summarize(rm_t)
+    return {
+        "n": n,
+        "per_s": n / run_wall,
+        "run_p50_ms": r["p50_ms"],
+        "rm_p50_ms": d["p50_ms"],
+    }
+
+
+def main(cleanup: common.Cleanup) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--backend", choices=("both", "local", "docker"), default="both")
+    ap.add_argument("--n", type=int, default=1000, help="sandboxes per backend (default 1000)")
+    ap.add_argument("--concurrency", type=int, default=64, help="sandboxes in flight")
+    ap.add_argument("--floor-n", type=int, default=100, help="plain containers for the floor")
+    ap.add_argument("--timeout", type=float, default=600, help="bound on each run, s")
+    args = ap.parse_args()
+    image = common.bench_image()
+    backends = ["local", "docker"] if args.backend == "both" else [args.backend]
+    results = [
+        run_backend(cleanup, b, image, args.n, args.concurrency, args.timeout) for b in backends
+    ]
+    fl = engine_floor(image, args.floor_n, args.concurrency) if args.floor_n else {}
+    rows: list[list[Any]] = []
+    for label, key, unit in (
+        ("success", "success_rate", "%"),
+        ("end to end", "e2e_s", "s"),
+        ("create p50", "create_p50_ms", "ms"),
+        ("create p99", "create_p99_ms", "ms"),
+        ("exec p50", "exec_p50_ms", "ms"),
+        ("delete p50", "delete_p50_ms", "ms"),
+        ("delete all", "delete_all_s", "s"),
+        ("commands/s", "commands_per_s", ""),
+        ("memory per idle sandbox, host (noisy)", "host_mib_per_sandbox", "MiB"),
+        ("memory per idle sandbox, cgroup + service", "accounted_mib_per_sandbox", "MiB"),
+        ("agent RSS", "agent_rss_mib", "MiB"),
+    ):
+        vals = [100 * r[key] if unit == "%" else r[key] for r in results]
+        rows.append([f"{label} ({unit})" if unit else label, *vals])
+    if fl:
+        pad = [""] * (len(results) - 1)
+        rows.append(
+            [f"engine floor: docker run -d p50 (ms, {fl['n']} plain)", fl["run_p50_ms"], *pad]
+        )
+        pad = [""] * (len(results) - 1)
+        rows.append(["engine floor: docker rm -f p50 (ms)", fl["rm_p50_ms"], *pad])
+    headers = ["measure", *(r["backend"] for r in results)]
+    md = common.table(
+        f"stress: {args.n} sandboxes x {len(COMMANDS)} commands per backend", headers, rows
+    )
+    for r in results:
+        for f in r["failures"]:
+            print("FAIL", r["backend"], f)
+    local = next((r for r in results if r["backend"] == "local"), None)
+    if local:
+        print(
+            f"\nlocal target: {args.n} x {len(COMMANDS)} at 100% in <= {TARGET_E2E_S:g} s, "
+            f"<= {TARGET_MIB:g} MiB per idle sandbox: "
+            f"{100 * local['success_rate']:.1f}%, {local['e2e_s']:.1f} s, "
+            f"{local['accounted_mib_per_sandbox']:.1f} MiB accounted, "
+            f"{local['host_mib_per_sandbox']:.1f} MiB host"
+        )
+    common.write_json(
+        "stress_local",
+        {
+            "concurrency": args.concurrency,
+            "image": image,
+            "results": results,
+            "floor": fl,
+            "markdown": md,
+        },
+    )
+    return 0 if all(r["ok"] == r["n"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    common.run(main)
