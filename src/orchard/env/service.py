@@ -366,10 +366,14 @@ class SandboxService:
     async def agent_failed(self, owner: str, sandbox_id: str, exc: Exception) -> OrchardError:
         """Explain a failed agent connection: the sandbox exited (410) or is unreachable (503)."""
         await self._drop_conn(sandbox_id)
-        try:
-            await self._live(owner, sandbox_id, fresh=True)
-        except OrchardError as e:
-            return e
+        # A killed agent takes the engine a moment to report as exited: ask a few times.
+        for attempt in range(6):
+            try:
+                await self._live(owner, sandbox_id, fresh=True)
+            except OrchardError as e:
+                return e
+            if attempt < 5:
+                await asyncio.sleep(0.2)
         return AgentUnavailable(f"sandbox {sandbox_id}: agent unreachable ({type(exc).__name__})")
 
     # ------------------------------------------------------------ reconcile
