@@ -425,6 +425,10 @@ class SandboxService:
             return None  # half-made: removing it now would fail the create with a 409
         if not rec.owner or not rec.id or rec.expires_at <= 0:
             return "orphan"
+        if rec.state == "pending" and now - rec.created_at > self.config.ready_timeout_s + 5:
+            # Created but never started (the creating service died between the two calls):
+            # nobody can use it and no create is still waiting for it.
+            return "orphan"
         if rec.expires_at <= now:
             return "expired"
         if rec.idle_timeout_s:
