@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import yaml
@@ -27,6 +28,7 @@ def test_one_task_with_the_deterministic_model(
         "image": t.image,
         "orchard_url": f"unix://{swe_client.target.uds}",
         "run_args": ["--rm"],  # a Docker-only setting: ignored
+        "labels": {"swe": "mini-swe-agent", "test-run": uuid.uuid4().hex},
     }
     env = get_environment(env_config)
     commands = [
@@ -52,6 +54,6 @@ def test_one_task_with_the_deterministic_model(
     # Each command ran in /testbed (the config's cwd) and its output came back.
     observations = [m for m in agent.messages if m["role"] == "user"][1:]
     assert '"""The Version type."""' in observations[0]["content"]
-    assert swe_client.sandboxes.list(labels={"swe": "mini-swe-agent"}) == []
+    assert swe_client.sandboxes.list(labels=env_config["labels"]) == []
     r = grade(swe_client, t, Prediction(t.instance_id, info["submission"], "deterministic"))
     assert r.verify_status == "RESOLVED_FULL"

@@ -37,6 +37,9 @@ InstanceOpt = Annotated[
     list[str] | None, typer.Option("--instance", "-i", help="Only this instance id (repeatable).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
+LabelOpt = Annotated[
+    list[str] | None, typer.Option("--label", "-l", help="K=V on every sandbox (repeatable).")
+]
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="OpenAI-compatible base URL, or replay:PATH.")
 ]
@@ -90,6 +93,12 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     Console().print(table)
 
 
+def _labels(items: list[str] | None) -> dict[str, str]:
+    from orchard.cli import _pairs
+
+    return _pairs(items, "--label")
+
+
 def _setup(mode: str, config: Path | None, step_limit: int | None) -> tuple[Any, dict[str, Any]]:
     from orchard.swe.harness import load_config
 
@@ -125,6 +134,7 @@ def run(
     instance: InstanceOpt = None,
     no_grade: Annotated[bool, typer.Option("--no-grade", help="Only run the agent.")] = False,
     redo: Annotated[bool, typer.Option("--redo", help="Run finished instances again.")] = False,
+    label: LabelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the agent on every task (and grade it); writes preds.json, trajectories, reports."""
@@ -143,6 +153,7 @@ def run(
             workers=workers,
             do_grade=not no_grade,
             redo=redo,
+            labels=_labels(label),
         )
     _print_summary(summary, as_json)
 
@@ -156,6 +167,7 @@ def eval_(
     tasks: TasksOpt = "sample",
     workers: WorkersOpt = 1,
     redo: Annotated[bool, typer.Option("--redo", help="Grade graded instances again.")] = False,
+    label: LabelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Grade predictions from any source; per-instance report.json and a summary."""
@@ -164,7 +176,15 @@ def eval_(
 
     chosen = _load(tasks, None)
     with _client() as client:
-        summary = evaluate(client, chosen, load_predictions(preds), out, workers=workers, redo=redo)
+        summary = evaluate(
+            client,
+            chosen,
+            load_predictions(preds),
+            out,
+            workers=workers,
+            redo=redo,
+            labels=_labels(label),
+        )
     _print_summary(summary, as_json)
 
 
@@ -179,6 +199,7 @@ def distill(
     mode: ModeOpt = "text",
     config: ConfigOpt = None,
     instance: InstanceOpt = None,
+    label: LabelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a teacher k times per task, grade each attempt, write dataset.jsonl / .parquet."""
@@ -189,7 +210,9 @@ def distill(
     agent_cfg, model_cfg = _setup(mode, config, None)
     factory = model_factory(model, name=model_name, mode=mode, params=model_cfg)
     with _client() as client:
-        rows = run_distill(client, chosen, factory, agent_cfg, out, k=k, workers=workers)
+        rows = run_distill(
+            client, chosen, factory, agent_cfg, out, k=k, workers=workers, labels=_labels(label)
+        )
     counts = {"rows": len(rows), "resolved": sum(1 for r in rows if r["resolved"])}
     if as_json:
         sys.stdout.write(json.dumps(counts) + "\n")

@@ -81,12 +81,13 @@ class _Run:
     """Live sandboxes and the stop flag of one batch, for cleanup on Ctrl-C."""
 
     client: Orchard
+    extra_labels: dict[str, str] = field(default_factory=dict)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
     def labels(self) -> dict[str, str]:
-        return {"swe-run": self.run_id}
+        return {**self.extra_labels, "swe-run": self.run_id}
 
     def cleanup(self) -> None:
         for sb in self.client.sandboxes.list(labels=self.labels):
@@ -167,9 +168,10 @@ def _pool(
     title: str,
     status: Callable[[list[Any]], str],
     console: Console | None,
+    labels: dict[str, str] | None = None,
 ) -> list[Any]:
     """Run jobs on a thread pool with a progress bar; Ctrl-C cancels and cleans up."""
-    run = _Run(client)
+    run = _Run(client, dict(labels or {}))
     results: list[Any] = []
     with _progress(console) as progress:
         bar = progress.add_task(title, total=len(jobs), status=status(results))
@@ -217,6 +219,7 @@ def run_batch(
     do_grade: bool = True,
     redo: bool = False,
     console: Console | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The harness over `tasks`; writes preds.json, trajectories, logs, reports, summary.json."""
     out.mkdir(parents=True, exist_ok=True)
@@ -252,6 +255,7 @@ def run_batch(
         "swe run",
         _resolved_status,
         console,
+        labels,
     )
     return _summarise(tasks, out, _read_json(preds_path))
 
@@ -290,6 +294,7 @@ def evaluate(
     workers: int = 1,
     redo: bool = False,
     console: Console | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Grade predictions from any source; per-instance reports and SWE-bench's summary."""
     by_id = {t.instance_id: t for t in tasks}
@@ -302,7 +307,7 @@ def evaluate(
             continue
 
         jobs.append((iid, functools.partial(_grade_job, task=by_id[iid], pred=pred, out=out)))
-    _pool(client, jobs, workers, "swe eval", _resolved_status, console)
+    _pool(client, jobs, workers, "swe eval", _resolved_status, console, labels)
     chosen = [t for t in by_id.values() if t.instance_id in preds]
     preds_json = {
         k: {"model_patch": p.model_patch, "model_name_or_path": p.model_name_or_path}
@@ -324,6 +329,7 @@ def distill(
     k: int = 4,
     workers: int = 1,
     console: Console | None = None,
+    labels: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Run the teacher k times per task, grade every attempt, and write the training set
     (`dataset.jsonl` and `dataset.parquet`): one row per attempt, resolved or not."""
@@ -350,7 +356,7 @@ def distill(
     def status(rows: list[Any]) -> str:
         return f"resolved {sum(1 for r in rows if r['resolved'])}/{len(rows)}"
 
-    rows = _pool(client, jobs, workers, "swe distill", status, console)
+    rows = _pool(client, jobs, workers, "swe distill", status, console, labels)
     rows.sort(key=lambda r: (r["instance_id"], r["attempt"]))
     write_dataset(rows, out)
     return rows
