@@ -52,6 +52,7 @@ RUN_DIR = "/.orchard/run"
 SOCKET_NAME = "agent.sock"
 DEFAULT_PIDS_LIMIT = 4096
 CGROUP_PARENT = "orchard"
+RUNC_TIMEOUT_S = 60.0  # a runc call that takes longer is stuck (e.g. on a wedged mount)
 # Folders without a started container younger than this may be a create in flight.
 ORPHAN_GRACE_S = 120.0
 _SUN_PATH_MAX = 107
@@ -200,7 +201,14 @@ class LocalBackend:
         finally:
             if out_fd >= 0:
                 os.close(out_fd)
-        out, _ = await proc.communicate()
+        try:
+            async with asyncio.timeout(RUNC_TIMEOUT_S):
+                out, _ = await proc.communicate()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise Unavailable(f"runc {args[0]} took over {RUNC_TIMEOUT_S:.0f} s") from None
         text = (out or b"").decode(errors="replace").strip()
         return proc.returncode or 0, text
 
