@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_LABELS
 from orchard import Orchard
 from orchard.env.config import ServiceConfig
 from orchard.swe.images import build_images
@@ -27,13 +26,24 @@ def swe_images(docker_ready: None, swe_tasks: list[Task]) -> dict[str, str]:
     return build_images(swe_tasks)
 
 
+def _test_labels(config: pytest.Config) -> dict[str, str]:
+    """TEST_LABELS of tests/conftest.py, found by file: with several conftest.py folders
+    outside packages, `import conftest` may name another one."""
+    root = Path(__file__).resolve().parent.parent / "conftest.py"
+    for plugin in config.pluginmanager.get_plugins():
+        if Path(getattr(plugin, "__file__", None) or "/").resolve() == root:
+            return dict(plugin.TEST_LABELS)
+    raise RuntimeError(f"{root} is not loaded")
+
+
 @pytest.fixture(scope="session")
-def swe_client(swe_images: dict[str, str], agent_binary: Path) -> Iterator[Orchard]:
+def swe_client(
+    swe_images: dict[str, str], agent_binary: Path, pytestconfig: pytest.Config
+) -> Iterator[Orchard]:
     """An in-process service whose sandboxes carry the test labels (cleaned up at the end)."""
     state = Path(tempfile.mkdtemp(prefix="orch-swe-"))
-    config = ServiceConfig(
-        state_dir=state, agent_binary=str(agent_binary), extra_labels=dict(TEST_LABELS)
-    )
+    labels = _test_labels(pytestconfig)
+    config = ServiceConfig(state_dir=state, agent_binary=str(agent_binary), extra_labels=labels)
     client = Orchard(service_config=config)
     try:
         yield client
