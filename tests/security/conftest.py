@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import TEST_LABELS
+from tests.conftest import TEST_LABELS
 
 KEY_ALICE = "sk-alice-7f3a9c1e5b2d4068"
 KEY_BOB = "sk-bob-2c8e6a4f0d1b3957"
