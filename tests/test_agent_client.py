@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conftest import HostAgent
+from tests.conftest import HostAgent
 from orchard.env.agent_client import AgentClient, locate_agent_binary
 from orchard.env.backends.base import AgentEndpoint
 from orchard.env.errors import (

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_LABELS
+from tests.conftest import TEST_LABELS
 from orchard.env.agent_client import AgentClient
 from orchard.env.errors import Unauthorized
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backend_harness import BACKENDS, AnyBackend, Harness
+from tests.backends.backend_harness import BACKENDS, AnyBackend, Harness
 
 
 @pytest.fixture(params=BACKENDS)

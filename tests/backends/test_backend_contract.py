@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from backend_harness import AnyBackend, Harness
+from tests.backends.backend_harness import AnyBackend, Harness
 
 from orchard.env.agent_client import AgentClient
 from orchard.env.api import EmbeddedService

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from backend_harness import Harness
+from tests.backends.backend_harness import Harness
 
 from orchard.env.sdk import Orchard
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fake_apiserver import FakeKubeAPIServer, Obj
+from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
 
 from orchard.env.backends.k8s_objects import KubernetesOptions
 from orchard.env.backends.kubernetes import KubernetesBackend

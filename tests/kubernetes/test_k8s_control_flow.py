@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_apiserver import FakeKubeAPIServer, Obj
-from kube_helpers import NS, fake_cluster, instant_kubelet
+from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
+from tests.kubernetes.kube_helpers import NS, fake_cluster, instant_kubelet
 from lightkube import codecs
 
 from orchard.env.backends import k8s_objects as objs

@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 import pytest
-from fake_apiserver import FakeKubeAPIServer, Obj
-from kube_helpers import NS, fake_cluster
+from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
+from tests.kubernetes.kube_helpers import NS, fake_cluster
 
-from conftest import TEST_LABELS
+from tests.conftest import TEST_LABELS
 from orchard.env.config import ServiceConfig
 from orchard.env.models import SandboxCreate
 from orchard.env.service import SandboxService

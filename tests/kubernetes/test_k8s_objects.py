@@ -15,7 +15,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from kustomize_render import RenderError, load_docs, render
+from tests.kubernetes.kustomize_render import RenderError, load_docs, render
 
 from orchard.env.backends import k8s_objects as objs
 from orchard.env.backends.base import SandboxSpec

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from security.conftest import (
+from tests.security.conftest import (
     KEY_ALICE,
     KEY_BOB,
     UPLOAD_LIMIT,

@@ -22,7 +22,7 @@ import docker  # type: ignore[import-untyped]
 import httpx
 import pytest
 
-from security.conftest import (
+from tests.security.conftest import (
     Service,
     ServiceFactory,
     assert_error,

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchard.env.config import ServiceConfig
-from security.conftest import SECRET, Service, create
+from tests.security.conftest import SECRET, Service, create
 
 ROUTES = [
     "/health",

@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 from orchard.env.api import create_app
 from orchard.env.config import ServiceConfig
 from orchard.env.models import MAX_BATCH
-from security.conftest import (
+from tests.security.conftest import (
     KEY_ALICE,
     Service,
     assert_no_leaks,

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from orchard.env.config import ServiceConfig
-from security.conftest import (
+from tests.security.conftest import (
     KEY_ALICE,
     KEY_BOB,
     SECRET,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_data import bash, obs
+from tests.train.train_data import bash, obs
 
 from orchard.train.credit import (
     CachedJudge,

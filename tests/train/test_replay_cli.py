@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from test_credit import regressing
-from train_data import text_trajectory, tool_trajectory
+from tests.train.test_credit import regressing
+from tests.train.train_data import text_trajectory, tool_trajectory
 
 from orchard import Orchard
 from orchard.swe.tasks import SAMPLE_DIR, Task

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_credit import regressing
-from train_data import text_trajectory, tool_trajectory
+from tests.train.test_credit import regressing
+from tests.train.train_data import text_trajectory, tool_trajectory
 
 from orchard.train.credit import CreditConfig, RuleJudge, build_sft_data
 from orchard.train.sft import SFTRunConfig, run_sft

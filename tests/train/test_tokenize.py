@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_data import text_trajectory, tool_trajectory
+from tests.train.train_data import text_trajectory, tool_trajectory
 
 from orchard.train.tokenize import (
     IGNORE,
