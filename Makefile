@@ -7,7 +7,7 @@ AGENT_BIN  := build/orchard-agent
 AGENT_SRC  := $(shell find agent -name "*.go" -not -name "*_test.go") agent/go.mod
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup agent lint test test-go test-py demo bench clean help
+.PHONY: setup agent lint test test-go test-py demo demo-env bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -45,7 +45,10 @@ test: setup  ## lint, then go test and pytest (needs a Docker engine; setup star
 	@$(MAKE) --no-print-directory test-go
 	@$(MAKE) --no-print-directory test-py
 
-demo: setup  ## run the Orchard Env demo on the local Docker engine
+demo: setup  ## Orchard's main job in miniature: SWE tasks solved, graded, tabulated
+	$(PY) -m orchard.swe.demo
+
+demo-env: setup  ## a narrated tour of Orchard Env (sandboxes, exec, files, egress)
 	$(PY) -m orchard.demo
 
 bench: setup  ## benchmarks (not part of make test)
