@@ -59,7 +59,10 @@ def plot(dest: Path) -> bool:
     for ax, (title, peers) in zip(axes if len(panels) > 1 else [axes], panels, strict=False):
         names = list(peers)
         ax.boxplot(
-            [peers[n]["samples_ms"] for n in names], vert=False, whis=(1, 99), showfliers=False
+            [peers[n]["samples_ms"] for n in names],
+            orientation="horizontal",
+            whis=(1, 99),
+            showfliers=False,
         )
         ax.set_yticks(range(1, len(names) + 1), names)
         ax.set_xscale("log")

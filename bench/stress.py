@@ -143,7 +143,7 @@ async def stress(
         }
 
 
-async def delete_all(boxes: list[AsyncSandbox], conc: int) -> float:
+async def delete_all(boxes: list[AsyncSandbox], conc: int, timeout: float = 300) -> float:
     """Delete every sandbox (32 at a time); a failure is left to the final cleanup."""
     sem = asyncio.Semaphore(conc)
 
@@ -152,7 +152,12 @@ async def delete_all(boxes: list[AsyncSandbox], conc: int) -> float:
             await sb.delete()
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(rm(b) for b in boxes), return_exceptions=True)
+    jobs = asyncio.gather(*(rm(b) for b in boxes), return_exceptions=True)
+    try:
+        # Bounded: an engine slow to remove containers must not hold the results hostage.
+        await asyncio.wait_for(jobs, timeout)
+    except TimeoutError:
+        print(f"delete: not done after {timeout:g} s; cleanup removes the rest", file=sys.stderr)
     return time.perf_counter() - t0
 
 
