@@ -51,8 +51,8 @@ demo: setup  ## Orchard's main job in miniature: SWE tasks solved, graded, tabul
 demo-env: setup  ## a narrated tour of Orchard Env (sandboxes, exec, files, egress)
 	$(PY) -m orchard.demo
 
-bench: setup  ## benchmarks (not part of make test)
-	$(PY) bench/agent_bench.py
+bench: setup  ## benchmarks (not part of make test); e.g. BENCH_ARGS="--quick" or "--n 200 --only stress,exec"
+	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build src/orchard/bin .mypy_cache .ruff_cache .pytest_cache
