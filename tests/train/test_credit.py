@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.train.train_data import bash, obs
 
 from orchard.train.credit import (
     CachedJudge,
@@ -30,6 +29,7 @@ from orchard.train.credit import (
     parse_llm_answer,
 )
 from orchard.train.tokenize import IGNORE, Trajectory
+from tests.train.train_data import bash, obs
 
 F2P = ["tests/test_calc.py::test_add", "tests/test_calc.py::test_add_neg"]
 P2P = ["tests/test_calc.py::test_sub"]

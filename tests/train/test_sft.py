@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.train.test_credit import regressing
-from tests.train.train_data import text_trajectory, tool_trajectory
 
 from orchard.train.credit import CreditConfig, RuleJudge, build_sft_data
 from orchard.train.sft import SFTRunConfig, run_sft
 from orchard.train.tokenize import to_dataset
+from tests.train.test_credit import regressing
+from tests.train.train_data import text_trajectory, tool_trajectory
 
 
 def write_data(tok: Any, path: Path, mode: str) -> str:

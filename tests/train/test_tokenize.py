@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.train.train_data import text_trajectory, tool_trajectory
 
 from orchard.train.tokenize import (
     IGNORE,
@@ -19,6 +18,7 @@ from orchard.train.tokenize import (
     tokenize_trajectory,
     write_chat_jsonl,
 )
+from tests.train.train_data import text_trajectory, tool_trajectory
 
 
 def render(tok: Any, traj: Trajectory, n: int, gen: bool) -> str:
