@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/orchard-env/orchard/agent/internal/api"
 )
@@ -421,12 +422,15 @@ func waitExit(ctx context.Context, pid int, exit <-chan syscall.WaitStatus, time
 type pump struct {
 	done chan struct{}
 	n    atomic.Int64
+	busy atomic.Bool     // a chunk was read and is still being handed on
+	rc   syscall.RawConn // for FIONREAD: bytes waiting in the pipe, unread
 }
 
 // A pipe's read end is closed at EOF; a PTY master (keepOpen) is not, since
 // closing it hangs up the terminal, which SIGHUPs a session still exiting.
 func startPump(r *os.File, keepOpen bool, sink func([]byte)) *pump {
 	p := &pump{done: make(chan struct{})}
+	p.rc, _ = r.SyscallConn()
 	go func() {
 		defer close(p.done)
 		if !keepOpen {
@@ -436,8 +440,10 @@ func startPump(r *os.File, keepOpen bool, sink func([]byte)) *pump {
 		for {
 			n, err := r.Read(buf)
 			if n > 0 {
+				p.busy.Store(true)
 				sink(buf[:n])
 				p.n.Add(int64(n))
+				p.busy.Store(false)
 			}
 			if err != nil {
 				return // EOF, or EIO from a PTY master once the terminal is gone
@@ -447,8 +453,40 @@ func startPump(r *os.File, keepOpen bool, sink func([]byte)) *pump {
 	return p
 }
 
+// drained reports that no output waits in the pipe or in the pump's hands.
+// Quiet pipes only count as quiet when drained: on a loaded machine the pump
+// may not run for a while, and output already written must never be dropped.
+func (p *pump) drained() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+	}
+	if p.busy.Load() {
+		return false
+	}
+	var avail int32
+	failed := false
+	if err := p.rc.Control(func(fd uintptr) {
+		_, _, e := syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCINQ, uintptr(unsafe.Pointer(&avail)))
+		failed = e != 0
+	}); err != nil || failed {
+		return true // closed, or not a pipe/terminal: nothing more can be read
+	}
+	return avail == 0
+}
+
+func allDrained(pumps []*pump) bool {
+	for _, p := range pumps {
+		if !p.drained() {
+			return false
+		}
+	}
+	return true
+}
+
 // settle waits, after the main child exited, until the pumps reach EOF, or
-// the pipes have been quiet for pipeGrace (a grandchild holds them open),
+// the pipes have been quiet and drained for pipeGrace (a grandchild holds them open),
 // or maxSettle passed. The pumps keep draining afterwards.
 func settle(pumps ...*pump) {
 	total := func() (n int64) {
@@ -469,7 +507,7 @@ func settle(pumps ...*pump) {
 				if n := total(); n != lastN {
 					last, lastN = now, n
 				}
-				if now.Sub(last) >= pipeGrace || now.Sub(start) >= maxSettle {
+				if (now.Sub(last) >= pipeGrace && allDrained(pumps)) || now.Sub(start) >= maxSettle {
 					return
 				}
 			}
@@ -700,7 +738,7 @@ func (a *agent) handleExecStream(w http.ResponseWriter, r *http.Request) {
 		case <-done:
 			done = nil
 		case now := <-quiet:
-			if now.Sub(lastData) >= pipeGrace || now.Sub(res.at) >= maxSettle {
+			if (now.Sub(lastData) >= pipeGrace && allDrained(pumps)) || now.Sub(res.at) >= maxSettle {
 				done = nil
 			}
 		}

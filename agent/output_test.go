@@ -195,3 +195,34 @@ func TestParseSignal(t *testing.T) {
 		}
 	}
 }
+
+// Output already written must not be dropped because the pump was slow to run:
+// a pipe with unread bytes, or a chunk still in the pump's hands, is not drained.
+func TestPumpDrained(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	idle := &pump{done: make(chan struct{})} // stands for a pump that has not run yet
+	idle.rc, _ = r.SyscallConn()
+	if !idle.drained() {
+		t.Fatal("empty pipe reported as not drained")
+	}
+	if _, err := w.Write([]byte("unread")); err != nil {
+		t.Fatal(err)
+	}
+	if idle.drained() {
+		t.Fatal("pipe with unread bytes reported as drained")
+	}
+
+	release := make(chan struct{})
+	p := startPump(r, false, func([]byte) { <-release }) // a sink that is slow to take the chunk
+	eventually(t, "pump took the chunk", func() bool { return p.busy.Load() })
+	if p.drained() {
+		t.Fatal("chunk in the pump's hands reported as drained")
+	}
+	close(release)
+	eventually(t, "pump handed the chunk on", func() bool { return p.drained() })
+}
