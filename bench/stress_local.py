@@ -277,9 +277,12 @@ def main(cleanup: common.Cleanup) -> int:
     args = ap.parse_args()
     image = common.bench_image()
     backends = ["local", "docker"] if args.backend == "both" else [args.backend]
-    results = [
-        run_backend(cleanup, b, image, args.n, args.concurrency, args.timeout) for b in backends
-    ]
+    results: list[dict[str, Any]] = []
+    for b in backends:
+        results.append(run_backend(cleanup, b, image, args.n, args.concurrency, args.timeout))
+        # Kept as soon as one backend is done: a later one that fails must not lose it.
+        partial = {"concurrency": args.concurrency, "image": image, "results": results}
+        common.write_json("stress_local", partial)
     fl = engine_floor(image, args.floor_n, args.concurrency) if args.floor_n else {}
     rows: list[list[Any]] = []
     for label, key, unit in (

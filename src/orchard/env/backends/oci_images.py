@@ -10,7 +10,8 @@ order, whiteouts and ownership done by a proven unpacker) into
 `<cache>/<key>/rootfs`, with the image config beside it in `image.json`. The key is
 content-addressed: the Docker image id for the engine's images, the config digest
 otherwise. A name -> key map (`names/`) makes later creates of the same name free, like a
-pulled image in Docker's store. Concurrent first uses of one image unpack it once (an
+pulled image in Docker's store, and keeps images of the engine's store usable while the
+engine does not answer. Concurrent first uses of one image unpack it once (an
 asyncio lock per key in this process, a file lock across processes).
 """
 
@@ -35,6 +36,7 @@ from orchard.env.errors import ImageNotFound, InvalidRequest, RegistryUnavailabl
 log = logging.getLogger("orchard.local.images")
 
 NAME_TTL_S = 30.0  # how long name -> image lookups in the Docker store are trusted
+ENGINE_TIMEOUT_S = 5.0  # an engine slower than this to inspect an image counts as absent
 _MISSING = (
     "manifest unknown",
     "name unknown",
@@ -183,16 +185,26 @@ class ImageStore:
             return await self._from_source(f"oci:{path}:{tag or 'latest'}", None)
         if name.startswith("docker-archive:"):
             return await self._from_source(name, None)
-        docker_id = await self._docker_image_id(name) if self._use_docker else None
+        remembered: LocalImage | None = None
+        with contextlib.suppress(OSError):
+            remembered = self.cached(self._name_file(name).read_text().strip())
+        try:
+            docker_id = await self._docker_image_id(name) if self._use_docker else None
+        except Unavailable:
+            if remembered is None:
+                raise
+            # An engine that does not answer must not stop sandboxes of images we have.
+            log.warning(
+                "docker engine unavailable; using the cached %s for %s", remembered.key, name
+            )
+            return remembered
         if docker_id is not None:
             key = "docker-" + docker_id.partition(":")[2]
-            return await self._from_source(f"docker-daemon:{docker_id}", key)
-        remembered = self._name_file(name)
-        with contextlib.suppress(OSError):
-            key = remembered.read_text().strip()
-            if image := self.cached(key):
-                return image
-        image = await self._from_source(f"docker://{name}", None)
+            image = await self._from_source(f"docker-daemon:{docker_id}", key)
+        elif remembered is not None and not remembered.key.startswith("docker-"):
+            return remembered  # pulled from a registry before, as Docker's store keeps it
+        else:
+            image = await self._from_source(f"docker://{name}", None)
         self._remember(name, image.key)
         return image
 
@@ -211,13 +223,16 @@ class ImageStore:
         from aiodocker.exceptions import DockerError
 
         try:
-            async with aiodocker.Docker(url=self._docker_url) as docker:
-                data = await docker.images.inspect(name)
+            async with asyncio.timeout(ENGINE_TIMEOUT_S):
+                async with aiodocker.Docker(url=self._docker_url) as docker:
+                    data = await docker.images.inspect(name)
         except DockerError as e:
             if e.status in (400, 404):
                 return None
             raise Unavailable(f"docker engine said {e.status}: {e.message}") from e
-        except (OSError, ValueError, RuntimeError, TimeoutError) as e:
+        except TimeoutError as e:
+            raise Unavailable(f"docker engine did not answer in {ENGINE_TIMEOUT_S:g} s") from e
+        except (OSError, ValueError, RuntimeError) as e:
             log.debug("no docker engine for image lookup: %s", e)
             return None
         except Exception as e:  # aiohttp's connector errors: no engine here
