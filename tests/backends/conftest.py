@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.backends.backend_harness import BACKENDS, AnyBackend, Harness
 
 

@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import pytest
-from tests.backends.backend_harness import AnyBackend, Harness
 
 from orchard.env.agent_client import AgentClient
 from orchard.env.api import EmbeddedService
@@ -21,6 +20,7 @@ from orchard.env.config import ServiceConfig
 from orchard.env.errors import Conflict, InvalidRequest, NotFound
 from orchard.env.models import NetworkPolicy
 from orchard.env.sdk import Orchard
+from tests.backends.backend_harness import AnyBackend, Harness
 
 pytestmark = pytest.mark.anyio
 

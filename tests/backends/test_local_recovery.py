@@ -25,9 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.backends.backend_harness import Harness
 
 from orchard.env.sdk import Orchard
+from tests.backends.backend_harness import Harness
 
 N = 20
 NETWORKED = 4
