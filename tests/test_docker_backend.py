@@ -105,7 +105,7 @@ async def test_lifecycle(backend: DockerBackend, busybox_image: str) -> None:
     assert rec.pids_limit == DEFAULT_PIDS_LIMIT
     assert rec.network == NetworkPolicy()
     assert rec.endpoint.socket_path == str(
-        backend.state_dir / "sandboxes" / spec.id / "run" / "agent.sock"
+        backend.state_dir / "sandboxes" / spec.id / "agent.sock"  # pinned: agent_socket.py
     )
     async with agent_for(rec, spec) as agent:
         health = await agent.wait_ready(15)

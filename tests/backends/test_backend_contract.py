@@ -48,7 +48,7 @@ async def test_lifecycle(backend: AnyBackend, harness: Harness, busybox_image: s
     assert (rec.id, rec.owner, rec.image, rec.state) == (spec.id, "alice", busybox_image, "running")
     assert rec.labels == {"team": "a"} and rec.network == NetworkPolicy()
     assert rec.endpoint.socket_path == str(
-        harness.state_dir / "sandboxes" / spec.id / "run" / "agent.sock"
+        harness.state_dir / "sandboxes" / spec.id / "agent.sock"  # pinned: agent_socket.py
     )
     async with await ready(rec, spec) as agent:
         assert (await agent.health())["pid"] == 1  # the agent is PID 1 in its own namespace
@@ -62,6 +62,37 @@ async def test_lifecycle(backend: AnyBackend, harness: Harness, busybox_image: s
     assert harness.leftovers(spec.id) == []
     await backend.delete(spec.id)  # deleting what is gone is fine
     await backend.delete("../not-an-id")
+
+
+async def test_planted_socket_symlink_is_never_followed(
+    backend: AnyBackend, harness: Harness, busybox_image: str, tmp_path: Any
+) -> None:
+    """Root in the sandbox swaps its agent socket for a symlink to a host socket (here a
+    decoy server of the test's own): the service keeps talking to the real agent only."""
+    decoy_path = tmp_path / "decoy.sock"
+    hits: list[bytes] = []
+
+    async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hits.append(await reader.read(100))
+        writer.close()
+
+    decoy = await asyncio.start_unix_server(on_conn, path=str(decoy_path))
+    spec = make_spec(busybox_image)
+    try:
+        rec = await backend.create(spec)
+        async with await ready(rec, spec) as agent:
+            res = await agent.exec(
+                f"rm /.orchard/run/agent.sock && ln -s {decoy_path} /.orchard/run/agent.sock"
+            )
+            assert res.exit_code == 0, res.stderr
+        rebuilt = await backend.get(spec.id)
+        assert rebuilt is not None and rebuilt.endpoint == rec.endpoint
+        async with await ready(rebuilt, spec) as agent:
+            assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
+        assert hits == []
+    finally:
+        decoy.close()
+        await backend.delete(spec.id)
 
 
 async def test_restart_rebuilds_records_and_limits_hold(

@@ -32,6 +32,7 @@ import aiodocker
 import aiohttp
 from aiodocker.exceptions import DockerError
 
+from orchard.env.backends import agent_socket
 from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
 from orchard.env.errors import (
     Conflict,
@@ -179,7 +180,8 @@ class DockerBackend:
         return self.state_dir / "sandboxes" / sandbox_id
 
     def _endpoint(self, sandbox_id: str) -> AgentEndpoint:
-        return AgentEndpoint(socket_path=str(self._box(sandbox_id) / "run" / SOCKET_NAME))
+        # The pinned link, never the shared folder's socket: see agent_socket.py.
+        return AgentEndpoint(socket_path=str(self._box(sandbox_id) / SOCKET_NAME))
 
     @staticmethod
     def _container_name(sandbox_id: str) -> str:
@@ -457,6 +459,7 @@ class DockerBackend:
                 if egress != "none":
                     ip = self._ip(await container.show())
                     await self.firewall.apply(spec.id, ip, egress, allow)
+            await agent_socket.wait_and_pin(box / "run" / SOCKET_NAME, box / SOCKET_NAME)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self.delete(spec.id)

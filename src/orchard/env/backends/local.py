@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchard.env.backends import agent_socket
 from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.docker import AGENT_PIDS_RESERVE
 from orchard.env.backends.local_net import LOCAL_BRIDGE, LOCAL_SUBNET, LocalNetwork
@@ -160,7 +161,8 @@ class LocalBackend:
         return self.state_dir / "sandboxes" / sandbox_id
 
     def _endpoint(self, sandbox_id: str) -> AgentEndpoint:
-        return AgentEndpoint(socket_path=str(self._box(sandbox_id) / "run" / SOCKET_NAME))
+        # The pinned link, never the shared folder's socket: see agent_socket.py.
+        return AgentEndpoint(socket_path=str(self._box(sandbox_id) / SOCKET_NAME))
 
     def _read_meta(self, sandbox_id: str) -> dict[str, Any] | None:
         try:
@@ -357,6 +359,7 @@ class LocalBackend:
             meta.update(pid=pid, pid_start=_start_time(pid))
             self._write_meta(spec.id, meta)
             self._watch(spec.id, pid)
+            await agent_socket.wait_and_pin(box / "run" / SOCKET_NAME, box / SOCKET_NAME)
             if ip is not None:
                 await self.network.attach(spec.id, pid, ip)
                 await self.network.firewall.apply(spec.id, ip, egress, allow)
