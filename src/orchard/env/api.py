@@ -18,7 +18,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -169,13 +169,16 @@ def _json_body(model: Any) -> bytes:
     return data
 
 
-async def _raise_agent_error(resp: httpx.Response) -> None:
-    raw = await resp.aread()
+def _agent_error(status: int, raw: bytes) -> OrchardError:
     try:
         body: Any = json.loads(raw)
     except ValueError:
         body = {"error": {"code": None, "message": raw.decode(errors="replace")[:500]}}
-    raise agent_error(resp.status_code, body)
+    return agent_error(status, body)
+
+
+async def _raise_agent_error(resp: httpx.Response) -> None:
+    raise _agent_error(resp.status_code, await resp.aread())
 
 
 async def forward(
@@ -192,24 +195,33 @@ async def forward(
 ) -> Response:
     """One agent call whose JSON answer is passed through as is (agent errors become ours)."""
     agent = await svc.agent(owner, sid)
-    headers = {"Content-Type": content_type} if content is not None and content_type else None
     try:
-        resp = await agent.forward(
-            method, path, params=params, headers=headers, content=content, timeout=timeout
-        )
+        if content is None or isinstance(content, bytes):
+            # Buffered: the lean keep-alive client (the exec hot path).
+            reply = await agent.call(
+                method,
+                path,
+                params=params,
+                body=content,
+                content_type=content_type,
+                timeout=timeout,
+            )
+            status, data, ctype = reply.status, reply.body, reply.content_type
+        else:
+            headers = {"Content-Type": content_type} if content_type else None
+            resp = await agent.forward(
+                method, path, params=params, headers=headers, content=content, timeout=timeout
+            )
+            status, data, ctype = resp.status_code, resp.content, resp.headers.get("content-type")
     except AgentUnavailable as e:
         raise await svc.agent_failed(owner, sid, e) from e
     finally:
         svc.touch(sid)
-    if resp.status_code >= 400:
-        await _raise_agent_error(resp)
-    if resp.status_code == 204:
+    if status >= 400:
+        raise _agent_error(status, data)
+    if status == 204:
         return Response(status_code=204)
-    return Response(
-        resp.content,
-        status_code=resp.status_code,
-        media_type=resp.headers.get("content-type", "application/json"),
-    )
+    return Response(data, status_code=status, media_type=ctype or "application/json")
 
 
 def _filtered(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -764,18 +776,21 @@ async def metrics(svc: Svc) -> Response:
 # ---------------------------------------------------------------- errors
 
 
-def _allowed_methods(request: Request) -> list[str]:
-    methods: set[str] = set()
-    scope = {**request.scope, "type": "http"}
-    routes = list(request.app.router.routes)
-    while routes:
-        route = routes.pop()
+def _flat_routes(routes: Iterable[Any]) -> Iterator[Any]:
+    for route in routes:
         inner = getattr(route, "original_router", None)  # FastAPI's wrapper of include_router
-        if inner is not None:
-            routes.extend(inner.routes)
-        elif route.matches(scope)[0] != Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
-    return sorted(methods)
+        yield from _flat_routes(inner.routes) if inner is not None else (route,)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods of the path template Starlette matched first (as routing does)."""
+    scope = {**request.scope, "type": "http"}
+    routes = list(_flat_routes(request.app.router.routes))
+    first = next((r for r in routes if r.matches(scope)[0] != Match.NONE), None)
+    if first is None:
+        return []
+    same = (r for r in routes if getattr(r, "path", None) == first.path)
+    return sorted({m for r in same for m in getattr(r, "methods", None) or ()})
 
 
 def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
