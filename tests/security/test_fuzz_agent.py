@@ -189,7 +189,7 @@ def test_malformed_http(agent: Agent, lines: list[bytes], tail: bytes) -> None:
         status = out.split(b"\r\n", 1)[0]
         assert status.startswith(b"HTTP/1.1 "), out[:200]
         code = int(status.split()[1])
-        assert code < 500, out[:300]
+        assert code < 500 or code == 505, out[:300]  # 505: an HTTP version it does not speak
 
 
 def test_huge_header_and_slow_client(agent: Agent) -> None:
