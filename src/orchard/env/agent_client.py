@@ -20,9 +20,11 @@ from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypedDict, Unpack
+from urllib.parse import urlencode
 
 import httpx
 
+from orchard.env.agent_http import AgentHTTP, Reply
 from orchard.env.backends.base import AgentEndpoint
 from orchard.env.errors import (
     AgentUnavailable,
@@ -199,6 +201,19 @@ class AgentClient:
             headers=headers,
             timeout=httpx.Timeout(timeout, connect=10.0),
         )
+        self._timeout = timeout
+        # Buffered calls (exec and the other JSON routes) go through the lean client; httpx
+        # keeps streams, streamed uploads and https.
+        self._plain = (
+            None
+            if tls
+            else AgentHTTP(
+                socket_path=self.socket_path,
+                base_url=base_url if socket_path is None else None,
+                token=token,
+                max_connections=max_connections,
+            )
+        )
 
     @classmethod
     def for_endpoint(cls, endpoint: AgentEndpoint, token: str, **kw: Any) -> AgentClient:
@@ -217,6 +232,8 @@ class AgentClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        if self._plain is not None:
+            await self._plain.aclose()
         await self._http.aclose()
 
     def _where(self) -> str:
@@ -299,6 +316,37 @@ class AgentClient:
         await resp.aread()
         return resp
 
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: ForwardParams = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> Reply:
+        """One buffered request; the agent's answer comes back whole, errors included.
+
+        The service's hot path: the lean keep-alive client when the agent speaks plain
+        HTTP (https falls back to httpx). Only a connection failure raises (AgentUnavailable).
+        """
+        query = _query(params)
+        target = path + ("?" + query if query else "")
+        headers = [("Content-Type", content_type)] if content_type and body is not None else []
+        if self._plain is None:
+            resp = await self.forward(
+                method, target, headers=headers, content=body, timeout=timeout
+            )
+            return Reply(resp.status_code, dict(resp.headers), resp.content)
+        read: float | None = self._timeout
+        connect = 10.0
+        if timeout is not None:
+            read, connect = timeout.read, timeout.connect or 10.0
+        return await self._plain.request(
+            method, target, body=body, headers=headers, read_timeout=read, connect_timeout=connect
+        )
+
     @asynccontextmanager
     async def stream(
         self,
@@ -344,9 +392,33 @@ class AgentClient:
             method, path, params=params, headers=kept, content=content, extensions=ext
         )
 
-    async def _json(self, method: str, path: str, **kw: Any) -> Any:
-        resp = await self.request(method, path, **kw)
-        return resp.json()
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> Any:
+        body = None if json_body is None else json.dumps(json_body).encode()
+        reply = await self.call(
+            method,
+            path,
+            params=params,
+            body=body,
+            content_type="application/json",
+            timeout=timeout,
+        )
+        if reply.status >= 400:
+            try:
+                err: Any = json.loads(reply.body)
+            except ValueError:
+                text = reply.body.decode(errors="replace")[:500]
+                err = {"error": {"code": None, "message": text}}
+            raise agent_error(reply.status, err)
+        data: Any = json.loads(reply.body)
+        return data
 
     @asynccontextmanager
     async def _open_stream(
@@ -582,6 +654,25 @@ class AgentClient:
         async with self._open_stream("GET", "/files/tar", params={"path": path}) as resp:
             async for chunk in resp.aiter_bytes():
                 yield chunk
+
+
+def _query(params: ForwardParams) -> str:
+    """Encode query parameters as httpx would (multi-valued pairs kept, booleans lower-case)."""
+    if not params:
+        return ""
+    if isinstance(params, str):
+        return params.lstrip("?")
+    multi = getattr(params, "multi_items", None)
+    items = multi() if callable(multi) else list(params.items())
+    return urlencode([(k, _query_value(v)) for k, v in items])
+
+
+def _query_value(v: Any) -> str:
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    return "" if v is None else str(v)
 
 
 def _range(path: str, offset: int | None, length: int | None) -> dict[str, Any]:
