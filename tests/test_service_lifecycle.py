@@ -253,3 +253,46 @@ def test_embedded_service_without_keys(
     svc.stop()
     assert not _container_exists(sb["id"])
     assert not os.path.exists(svc.socket_path)
+
+
+def test_stalled_engine_gives_503_then_reconcile_cleans_up(
+    start_service: Factory, busybox_image: str
+) -> None:
+    """A Docker engine that stops answering (SIGSTOP, a real stall) bounds the create: 503, not
+    a hang; once the engine is back, nothing of that create is left."""
+    svc = start_service(create_timeout_s=1.5, reconcile_interval_s=0.5)
+    pids = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout
+    assert pids.split(), "this test needs a dockerd process to pause"
+    with _client(svc) as c:
+        assert c.post("/v1/sandboxes", json={"image": busybox_image}).status_code == 201  # warm
+        before = {s["id"] for s in c.get("/v1/sandboxes").json()["sandboxes"]}
+        subprocess.run(["kill", "-STOP", *pids.split()], check=True)
+        try:
+            t0 = time.monotonic()
+            r = c.post("/v1/sandboxes", json={"image": busybox_image})
+            took = time.monotonic() - t0
+        finally:
+            subprocess.run(["kill", "-CONT", *pids.split()], check=True)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "unavailable"
+        assert "did not finish" in r.json()["error"]["message"], r.text
+        assert took < 10
+        assert c.get("/healthz").status_code == 200
+        deadline = time.monotonic() + 60
+        while True:
+            out = subprocess.run(
+                [
+                    "docker",
+                    "ps",
+                    "-aq",
+                    "--filter",
+                    f"label=orchard.state_dir={svc.config.state_dir}",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            if len(out) == len(before):
+                break
+            assert time.monotonic() < deadline, f"leftover containers: {out}"
+            time.sleep(0.5)

@@ -92,6 +92,8 @@ class ServiceConfig:
     reconcile_interval_s: float = 5.0
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     ready_timeout_s: float = 60.0
+    # Bounds a backend call that never returns (a stalled engine); generous for big pulls.
+    create_timeout_s: float = 600.0
     batch_concurrency: int = 32
     # Extra backend labels on every sandbox's container (tests use {"orchard.test": "1"}).
     extra_labels: dict[str, str] = field(default_factory=dict)
@@ -126,6 +128,7 @@ class ServiceConfig:
             ("ORCHARD_RECONCILE_INTERVAL_S", "reconcile_interval_s", float),
             ("ORCHARD_MAX_UPLOAD_BYTES", "max_upload_bytes", int),
             ("ORCHARD_READY_TIMEOUT_S", "ready_timeout_s", float),
+            ("ORCHARD_CREATE_TIMEOUT_S", "create_timeout_s", float),
         ):
             if env.get(var):
                 try:

@@ -13,8 +13,9 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from orchard.env.agent_client import AgentClient
 from orchard.env.backends.base import Backend, SandboxRecord, SandboxSpec
@@ -38,6 +39,7 @@ from orchard.env.models import (
     SandboxStatus,
 )
 
+T = TypeVar("T")
 log = logging.getLogger("orchard.service")
 
 # Labels the service reserves for itself on every sandbox.
@@ -89,6 +91,10 @@ class SandboxService:
         self._conns: dict[str, AgentClient] = {}
         self._created: set[str] = set()  # made by this instance (EmbeddedService cleanup)
         self._inflight: set[str] = set()  # creates still running here; reconcile leaves them be
+        self._abandoned: set[asyncio.Task[Any]] = set()  # backend calls past their deadline
+        # Creates that failed, and when: whatever of them shows up later (a stalled engine may
+        # finish an abandoned create minutes after) is removed, not adopted.
+        self._failed: dict[str, float] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.last_reconcile_ok = True
 
@@ -221,7 +227,7 @@ class SandboxService:
         self._inflight.add(spec.id)
         self._activity[spec.id] = time.time()
         try:
-            rec = await self.backend.create(spec)
+            rec = await self._bounded(self.backend.create(spec), f"sandbox {spec.id}: create")
             self._records[rec.id] = rec
             if wait:
                 rec = await self._wait_ready(rec, time.monotonic() + self.config.ready_timeout_s)
@@ -231,7 +237,12 @@ class SandboxService:
             return self.to_model(rec)
         except BaseException:
             # Nothing leaks: whatever part of the sandbox exists goes, even if we were cancelled.
-            await asyncio.shield(self._remove(spec.id))
+            # A failed clean-up must not hide why the create failed; reconcile retries it.
+            self._failed[spec.id] = time.time()
+            try:
+                await asyncio.shield(self._remove(spec.id))
+            except Exception:
+                log.warning("clean-up of failed create %s deferred to reconcile", spec.id)
             raise
         finally:
             self._inflight.discard(spec.id)
@@ -288,9 +299,33 @@ class SandboxService:
         await self._lookup(owner, sandbox_id, fresh=False)
         await self._remove(sandbox_id)
 
+    async def _bounded(self, call: Coroutine[Any, Any, T], what: str) -> T:
+        """Await a backend call for at most create_timeout_s, then answer 503.
+
+        Unlike wait_for, this does not wait for the abandoned call to finish cancelling: a
+        stalled engine would hold that up too. The call is cancelled and runs its own clean-up
+        in the background once the backend answers again.
+        """
+        task = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.config.create_timeout_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            task.cancel()
+            self._abandoned.add(task)
+            task.add_done_callback(self._abandoned.discard)
+            raise Unavailable(
+                f"{what}: the {self.backend.name} backend did not finish within "
+                f"{self.config.create_timeout_s:g} s (is it stalled?)"
+            )
+        return task.result()
+
     async def _remove(self, sandbox_id: str) -> None:
         try:
-            await self.backend.delete(sandbox_id)
+            # Bounded like create: reconcile retries whatever a stalled backend left behind.
+            await self._bounded(self.backend.delete(sandbox_id), f"sandbox {sandbox_id}: delete")
         finally:
             await self._drop_conn(sandbox_id)
             self._forget(sandbox_id)
@@ -389,6 +424,8 @@ class SandboxService:
         self.last_reconcile_ok = True
         now = time.time()
         seen = {r.id for r in records}
+        forget_before = now - max(2 * self.config.create_timeout_s, 600.0)
+        self._failed = {i: t for i, t in self._failed.items() if t > forget_before or i in seen}
         for gone in set(self._records) - seen:
             cached = self._records.get(gone)
             # A create that finished while we listed is not missing, just newer than the list.
@@ -423,6 +460,8 @@ class SandboxService:
     def _removal_reason(self, rec: SandboxRecord, now: float) -> str | None:
         if rec.id in self._inflight:
             return None  # half-made: removing it now would fail the create with a 409
+        if rec.id in self._failed:
+            return "orphan"  # e.g. made by a stalled engine after its create was abandoned
         if not rec.owner or not rec.id or rec.expires_at <= 0:
             return "orphan"
         if rec.state == "pending" and now - rec.created_at > self.config.ready_timeout_s + 5:
