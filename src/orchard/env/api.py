@@ -315,6 +315,8 @@ async def upload(
 
 
 def _pid(pid: str) -> str:
+    if pid in (".", ".."):  # quote() keeps dots; the agent's mux would answer a 301 to "/"
+        raise NotFound(f"no process {pid!r}")
     return quote(pid, safe="")
 
 
