@@ -20,9 +20,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
-from orchard.env.agent_http import AgentHTTP, Reply
+from orchard.env.agent_http import AgentHTTP, Reply, remove_dot_segments
 from orchard.env.errors import AgentUnavailable
 from tests.conftest import HostAgent
 
@@ -368,3 +369,21 @@ def test_request_targets_and_headers_are_checked() -> None:
             client._head("GET", target, None, ())
     with pytest.raises(ValueError):
         client._head("GET", "/", None, [("X", "a\r\nInjected: 1")])
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/processes/..", "/processes/.", "/a/b/../c", "/a/./b/", "/..", "/a/b/..?x=/..", "/exec"],
+)
+def test_dot_segments_resolve_as_httpx_does(target: str) -> None:
+    """What httpx sent before, so the agent's mux never sees a path it would redirect."""
+    assert remove_dot_segments(target) == httpx.URL("http://agent" + target).raw_path.decode()
+
+
+async def test_dot_segment_targets_get_the_agents_404(host_agent: HostAgent) -> None:
+    client = AgentHTTP(socket_path=str(host_agent.socket_path), token=host_agent.token)
+    try:
+        reply = await client.request("GET", "/processes/..")
+        assert reply.status == 404 and json.loads(reply.body)["error"]["code"] == "not_found"
+    finally:
+        await client.aclose()

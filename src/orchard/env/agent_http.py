@@ -190,7 +190,7 @@ class AgentHTTP:
     ) -> bytes:
         if not target.startswith("/") or any(c <= " " or c == "\x7f" for c in target):
             raise ValueError(f"request target must be an encoded path, got {target!r}")
-        lines = [f"{method} {target} HTTP/1.1\r\n", self._fixed]
+        lines = [f"{method} {remove_dot_segments(target)} HTTP/1.1\r\n", self._fixed]
         for name, value in headers:
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
                 raise ValueError(f"header {name!r} holds a line break")
@@ -265,6 +265,22 @@ class AgentHTTP:
             else:
                 data, keep = await _until_eof(reader, progress), False
         return Reply(status, fields, data), keep
+
+
+def remove_dot_segments(target: str) -> str:
+    """Dot segments resolved as httpx does (`/a/b/..` is `/a`), so Go never answers a redirect."""
+    path, sep, query = target.partition("?")
+    if "/." not in path:
+        return target
+    segments = path.split("/")[1:]
+    out: list[str] = []
+    for seg in segments:
+        if seg == "..":
+            if out:
+                out.pop()
+        elif seg != ".":
+            out.append(seg)
+    return "/" + "/".join(out) + sep + query
 
 
 def _status(line: bytes) -> tuple[str, int]:
