@@ -37,6 +37,7 @@ from orchard.env._sdk_core import (
     RetryPolicy,
     Target,
 )
+from orchard.env._sdk_http import lean_transport
 from orchard.env.errors import NotFound
 
 if TYPE_CHECKING:
@@ -103,12 +104,16 @@ class Orchard:
             timeout=timeout,
             transport=transport,
         )
+        # Calls without a body stream (exec and most others) skip httpx's per-request cost.
+        self._lean = lean_transport(self.target, core.auth_headers(self.target))
         self.sandboxes = Sandboxes(self)
 
     def health(self) -> m.Health:
         return self._send(core.health())
 
     def close(self) -> None:
+        if self._lean is not None:
+            self._lean.close()
         self.http.close()
         if self._service is not None:
             self._service.stop()
@@ -122,20 +127,25 @@ class Orchard:
 
     # ---- transport
 
+    def _attempt(self, call: core.Call[Any], stream: bool) -> httpx.Response:
+        if self._lean is not None and not stream and call.body is None:
+            return self._lean.request(call, self._timeout)
+        request = self.http.build_request(
+            call.method,
+            call.path,
+            params=httpx.QueryParams(call.params),
+            json=call.json,
+            content=call.body() if call.body else None,
+            timeout=call.timeout(self._timeout),
+        )
+        return self.http.send(request, stream=stream)
+
     def _request(self, call: core.Call[Any], *, stream: bool) -> httpx.Response:
         attempt = 0
         while True:
             attempt += 1
-            request = self.http.build_request(
-                call.method,
-                call.path,
-                params=httpx.QueryParams(call.params),
-                json=call.json,
-                content=call.body() if call.body else None,
-                timeout=call.timeout(self._timeout),
-            )
             try:
-                response = self.http.send(request, stream=stream)
+                response = self._attempt(call, stream)
             except httpx.TransportError as exc:
                 if self._retry.should_retry_error(exc, call.idempotent, attempt):
                     time.sleep(self._retry.delay(attempt))
