@@ -168,7 +168,12 @@ class SandboxService:
         return rec
 
     async def get(self, owner: str, sandbox_id: str) -> Sandbox:
-        return self.to_model(await self._lookup(owner, sandbox_id, fresh=True))
+        rec = await self._lookup(owner, sandbox_id, fresh=True)
+        if rec.id in self._pending and rec.state == "running":
+            with contextlib.suppress(OrchardError):  # one quick look: is it ready by now?
+                await self._conn(rec).health()
+                self._pending.discard(rec.id)
+        return self.to_model(rec)
 
     async def list_sandboxes(
         self, owner: str, labels: dict[str, str] | None = None
@@ -434,6 +439,11 @@ class SandboxService:
                 self._forget(gone)
         removed: dict[str, list[str]] = {"expired": [], "idle": [], "orphan": []}
         for rec in records:
+            fresh = now - rec.created_at < self.config.ready_timeout_s
+            if rec.id not in self._records and rec.state == "running" and fresh:
+                # Seen mid-start (adopted after a crash, or another replica's create): its
+                # agent may not listen yet, so the first request waits for it.
+                self._pending.add(rec.id)
             self._records[rec.id] = rec
             reason = self._removal_reason(rec, now)
             if reason:
