@@ -105,9 +105,12 @@ def test_sandbox_killed_mid_exec(
     assert all(x["sandbox"] != victim for x in containers(service.state_dir))
 
 
+@pytest.mark.parametrize("kill_when", ["container-appears", "container-runs"])
 def test_service_killed_mid_create_then_restarted(
-    service_factory: ServiceFactory, busybox_image: str
+    service_factory: ServiceFactory, busybox_image: str, kill_when: str
 ) -> None:
+    """Killed as soon as the container exists (often before start), or once it runs (before
+    the service pinned the agent's socket): either way adopted and usable, or removed."""
     svc = service_factory(ORCHARD_READY_TIMEOUT_S="2")
     errors: list[BaseException] = []
 
@@ -121,7 +124,8 @@ def test_service_killed_mid_create_then_restarted(
     t = threading.Thread(target=create_one)
     t.start()
     deadline = time.monotonic() + 90
-    while not containers(svc.state_dir):
+    wanted = {"running"} if kill_when == "container-runs" else {"created", "running"}
+    while not any(x["state"] in wanted for x in containers(svc.state_dir)):
         assert time.monotonic() < deadline, f"no container appeared:\n{svc.logs()[-2000:]}"
         time.sleep(0.002)
     svc.kill9()
