@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import HostAgent
 from orchard.env.agent_client import AgentClient, locate_agent_binary
 from orchard.env.backends.base import AgentEndpoint
 from orchard.env.errors import (
@@ -33,6 +32,7 @@ from orchard.env.errors import (
     Unauthorized,
     Unavailable,
 )
+from tests.conftest import HostAgent
 
 pytestmark = pytest.mark.anyio
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_LABELS
 from orchard.env.agent_client import AgentClient
 from orchard.env.errors import Unauthorized
+from tests.conftest import TEST_LABELS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 

@@ -8,10 +8,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
-
 from orchard.env.backends.k8s_objects import KubernetesOptions
 from orchard.env.backends.kubernetes import KubernetesBackend
+from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
 
 NS = "orchard-sandboxes"
 _ips = itertools.count(2)

@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
-from tests.kubernetes.kube_helpers import NS, fake_cluster, instant_kubelet
 from lightkube import codecs
 
 from orchard.env.backends import k8s_objects as objs
@@ -26,6 +24,8 @@ from orchard.env.errors import (
 )
 from orchard.env.models import NetworkPolicy, SandboxCreate
 from orchard.env.service import SandboxService
+from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
+from tests.kubernetes.kube_helpers import NS, fake_cluster, instant_kubelet
 
 pytestmark = pytest.mark.anyio
 

@@ -22,13 +22,13 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
-from tests.kubernetes.kube_helpers import NS, fake_cluster
 
-from tests.conftest import TEST_LABELS
 from orchard.env.config import ServiceConfig
 from orchard.env.models import SandboxCreate
 from orchard.env.service import SandboxService
+from tests.conftest import TEST_LABELS
+from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
+from tests.kubernetes.kube_helpers import NS, fake_cluster
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,6 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from tests.kubernetes.kustomize_render import RenderError, load_docs, render
 
 from orchard.env.backends import k8s_objects as objs
 from orchard.env.backends.base import SandboxSpec
@@ -23,6 +22,7 @@ from orchard.env.backends.k8s_objects import KubernetesOptions
 from orchard.env.errors import InvalidRequest
 from orchard.env.models import NetworkPolicy
 from orchard.env.network import ResolvedAllow
+from tests.kubernetes.kustomize_render import RenderError, load_docs, render
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
