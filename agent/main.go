@@ -221,6 +221,7 @@ func run(args []string) int {
 	// Caught (not ignored, which children would inherit): a closed stdout
 	// then yields EPIPE instead of killing the sandbox's PID 1.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	catchInheritedIgnores()
 	cfg, err := loadConfig(args, os.Getenv)
 	if err != nil {
 		log.Print(err)

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -163,4 +164,36 @@ func signalName(s syscall.Signal) string {
 		return n
 	}
 	return "SIG" + strconv.Itoa(int(s))
+}
+
+// catchInheritedIgnores turns signals ignored when the agent started (a
+// shell's background job, nohup, a CI runner) into caught-and-dropped ones:
+// ignored dispositions survive exec, caught ones reset to default, so every
+// command starts with the clean signal state it would have under a clean PID 1.
+func catchInheritedIgnores() {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return
+	}
+	var mask uint64
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "SigIgn:") {
+			mask, _ = strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(line, "SigIgn:")), 16, 64)
+		}
+	}
+	var sigs []os.Signal
+	for n := 1; n <= 64; n++ {
+		s := syscall.Signal(n)
+		if mask&(1<<(n-1)) != 0 && s != syscall.SIGKILL && s != syscall.SIGSTOP {
+			sigs = append(sigs, s)
+		}
+	}
+	if len(sigs) > 0 {
+		ch := make(chan os.Signal, 8)
+		signal.Notify(ch, sigs...)
+		go func() {
+			for range ch {
+			}
+		}()
+	}
 }
