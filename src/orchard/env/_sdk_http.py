@@ -58,11 +58,12 @@ class _Conn:
         """Not idle too long, and nothing to read: a readable idle socket means EOF (or junk)."""
         if now - self.idle_since >= IDLE_EXPIRY_S:
             return False
+        poller = select.poll()  # not select(): no limit on the descriptor's number
+        poller.register(self.sock, select.POLLIN)
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
-        except (OSError, ValueError):
+            return not poller.poll(0)
+        except OSError:
             return False
-        return not readable
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
