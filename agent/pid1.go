@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // reaper owns every wait(2) in the agent. As PID 1 (or a child subreaper)
@@ -170,10 +171,33 @@ func signalName(s syscall.Signal) string {
 // shell's background job, nohup, a CI runner) into caught-and-dropped ones:
 // ignored dispositions survive exec, caught ones reset to default, so every
 // command starts with the clean signal state it would have under a clean PID 1.
+// Go will not catch signals 32 and 33 (libc's); those are set to default.
 func catchInheritedIgnores() {
+	var sigs []os.Signal
+	for _, s := range ignoredSignals() {
+		sigs = append(sigs, s)
+	}
+	if len(sigs) == 0 {
+		return
+	}
+	ch := make(chan os.Signal, 8)
+	signal.Notify(ch, sigs...)
+	go func() {
+		for range ch {
+		}
+	}()
+	for _, s := range ignoredSignals() {
+		var act [4]uint64 // struct kernel_sigaction, all zero: SIG_DFL
+		_, _, _ = syscall.RawSyscall6(syscall.SYS_RT_SIGACTION, uintptr(s),
+			uintptr(unsafe.Pointer(&act)), 0, 8, 0, 0)
+	}
+}
+
+// ignoredSignals lists the signals this process ignores (SigIgn in /proc/self/status).
+func ignoredSignals() []syscall.Signal {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
-		return
+		return nil
 	}
 	var mask uint64
 	for _, line := range strings.Split(string(b), "\n") {
@@ -181,19 +205,12 @@ func catchInheritedIgnores() {
 			mask, _ = strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(line, "SigIgn:")), 16, 64)
 		}
 	}
-	var sigs []os.Signal
+	var out []syscall.Signal
 	for n := 1; n <= 64; n++ {
 		s := syscall.Signal(n)
 		if mask&(1<<(n-1)) != 0 && s != syscall.SIGKILL && s != syscall.SIGSTOP {
-			sigs = append(sigs, s)
+			out = append(out, s)
 		}
 	}
-	if len(sigs) > 0 {
-		ch := make(chan os.Signal, 8)
-		signal.Notify(ch, sigs...)
-		go func() {
-			for range ch {
-			}
-		}()
-	}
+	return out
 }
