@@ -37,8 +37,8 @@ lint:  ## ruff, mypy --strict, gofmt, go vet
 test-go:
 	cd agent && go test -count=1 ./...
 
-test-py:
-	$(VENV)/bin/pytest -q
+test-py:  # the daemon-restart fault test runs here, where nothing else uses the engine
+	ORCHARD_TEST_DOCKER_RESTART=1 $(VENV)/bin/pytest -q
 
 test: setup  ## lint, then go test and pytest (needs a Docker engine; setup starts one)
 	@$(MAKE) --no-print-directory lint

@@ -38,6 +38,12 @@ def pin(shared: Path, pinned: Path) -> bool:
     return False
 
 
+def repin(box: Path) -> None:
+    """Pin a running sandbox's socket if its create was cut short before pinning (adoption)."""
+    with contextlib.suppress(OSError):
+        pin(box / "run" / "agent.sock", box / "agent.sock")
+
+
 async def wait_and_pin(shared: Path, pinned: Path, timeout_s: float = 10.0) -> bool:
     """Poll (fast at first) until the agent's socket can be pinned, or give up."""
     deadline = time.monotonic() + timeout_s

@@ -480,11 +480,7 @@ class DockerBackend:
     ) -> SandboxRecord:
         sid = labels["orchard.sandbox"]
         if state == "running":
-            # A create killed between start and pin (service crash) left no pinned link:
-            # pin now, so an adopted sandbox's agent is reachable (same checks as create).
-            with contextlib.suppress(OSError):
-                box = self._box(sid)
-                agent_socket.pin(box / "run" / SOCKET_NAME, box / SOCKET_NAME)
+            agent_socket.repin(self._box(sid))  # a create cut short before pinning (adoption)
         network = NetworkPolicy.model_validate_json(labels.get("orchard.network") or "{}")
         expires_at = float(labels.get("orchard.expires_at") or 0)
         if meta:

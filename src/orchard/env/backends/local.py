@@ -435,6 +435,7 @@ class LocalBackend:
             state = "pending"
         elif self._alive(sid, meta):
             state = "running"
+            agent_socket.repin(self._box(sid))  # a create cut short before pinning (adoption)
         else:
             state = "exited"
             watch = self._watches.get(sid)
