@@ -130,7 +130,9 @@ def test_service_killed_mid_create_then_restarted(
         time.sleep(0.002)
     svc.kill9()
     t.join(timeout=30)
-    assert errors, "the create answered although the service was killed"
+    # With a fast agent the create may finish between "container runs" and the kill; the
+    # outcome must be the same either way: adopted and usable, or removed.
+    assert len(errors) <= 1
     half = containers(svc.state_dir)[0]["sandbox"]
     svc.start()  # same state dir, same secret
     with svc.client() as c:

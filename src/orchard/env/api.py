@@ -405,6 +405,12 @@ _NDJSON: dict[int | str, dict[str, Any]] = {
 _BYTES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"application/octet-stream": {}}, "description": "raw bytes"}
 }
+_TAR: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"application/x-tar": {}, "application/gzip": {}},
+        "description": "a tar stream of the folder's contents (gzip with gzip=true)",
+    }
+}
 
 
 @router.post(SB + "/exec/stream", responses=_NDJSON, tags=["exec"])
@@ -583,7 +589,7 @@ async def upload_tar(
     return await upload(request, svc, owner, sandbox_id, "/files/tar", "application/x-tar")
 
 
-@router.get(SB + "/files/tar", responses=_BYTES, tags=["files"])
+@router.get(SB + "/files/tar", responses=_TAR, tags=["files"])
 async def download_tar(
     request: Request, sandbox_id: str, path: str, owner: Owner, svc: Svc
 ) -> StreamingResponse:

@@ -169,11 +169,20 @@ class SandboxService:
 
     async def get(self, owner: str, sandbox_id: str) -> Sandbox:
         rec = await self._lookup(owner, sandbox_id, fresh=True)
-        if rec.id in self._pending and rec.state == "running":
-            with contextlib.suppress(OrchardError):  # one quick look: is it ready by now?
+        await self._probe_pending([rec])
+        return self.to_model(rec)
+
+    async def _probe_pending(self, recs: list[SandboxRecord]) -> None:
+        """One quick look at each pending sandbox's agent: is it ready by now?"""
+
+        async def probe(rec: SandboxRecord) -> None:
+            with contextlib.suppress(OrchardError):
                 await self._conn(rec).health()
                 self._pending.discard(rec.id)
-        return self.to_model(rec)
+
+        await asyncio.gather(
+            *(probe(r) for r in recs if r.id in self._pending and r.state == "running")
+        )
 
     async def list_sandboxes(
         self, owner: str, labels: dict[str, str] | None = None
@@ -448,6 +457,8 @@ class SandboxService:
             reason = self._removal_reason(rec, now)
             if reason:
                 removed[reason].append(rec.id)
+        # Adopted sandboxes whose agent already answers are ready, not pending.
+        await self._probe_pending([r for r in records if r.id not in self._inflight])
         orphan_hook: Any = getattr(self.backend, "remove_orphans", None)
         jobs = [self._remove(i) for ids in removed.values() for i in ids]
         results = await asyncio.gather(*jobs, return_exceptions=True)
