@@ -33,7 +33,8 @@ import aiohttp
 from aiodocker.exceptions import DockerError
 
 from orchard.env.backends import agent_socket
-from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
+from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
+from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
 from orchard.env.errors import (
     Conflict,
     ImageNotFound,
@@ -58,8 +59,6 @@ log = logging.getLogger("orchard.docker")
 _T = TypeVar("_T")
 
 AGENT_PATH = "/.orchard/agent"
-RUN_DIR = "/.orchard/run"
-SOCKET_NAME = "agent.sock"
 LABEL = "orchard."
 USER_LABEL = "orchard.label."
 DEFAULT_PIDS_LIMIT = 4096
@@ -77,7 +76,6 @@ ORPHAN_GRACE_S = 120.0
 # nodes), AUDIT_WRITE (host audit log), SETFCAP (granting file capabilities). SETUID/SETGID,
 # CHOWN, DAC_OVERRIDE, FOWNER and KILL stay: the agent needs them to act as other users.
 CAP_DROP = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP")
-_SUN_PATH_MAX = 107
 _EXIT_RE = re.compile(r"Exited \((-?\d+)\)")
 _UNREACHABLE = (
     "dial tcp",
@@ -126,7 +124,7 @@ def _state(status: str) -> BackendState:
     return "exited"
 
 
-class DockerBackend:
+class DockerBackend(HostFolders):
     """The Backend protocol on a Docker (or Podman) engine; see the module docstring."""
 
     name = "docker"
@@ -176,13 +174,6 @@ class DockerBackend:
             self._docker = aiodocker.Docker(url=self._docker_url)
         return self._docker
 
-    def _box(self, sandbox_id: str) -> Path:
-        return self.state_dir / "sandboxes" / sandbox_id
-
-    def _endpoint(self, sandbox_id: str) -> AgentEndpoint:
-        # The pinned link, never the shared folder's socket: see agent_socket.py.
-        return AgentEndpoint(socket_path=str(self._box(sandbox_id) / SOCKET_NAME))
-
     @staticmethod
     def _container_name(sandbox_id: str) -> str:
         return f"orchard-{sandbox_id}"
@@ -204,24 +195,6 @@ class DockerBackend:
             raise Unavailable(f"{what}: docker engine said {e.status}: {e.message}") from e
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise Unavailable(f"{what}: docker engine unreachable: {e}") from e
-
-    def _read_meta(self, sandbox_id: str) -> dict[str, Any] | None:
-        try:
-            data = json.loads((self._box(sandbox_id) / "meta.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-
-    def _write_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
-        path = self._box(sandbox_id) / "meta.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, path)
-
-    def _update_meta(self, sandbox_id: str, **changes: Any) -> None:
-        meta = self._read_meta(sandbox_id) or {"id": sandbox_id}
-        meta.update(changes)
-        self._write_meta(sandbox_id, meta)
 
     # ------------------------------------------------------------ images
 
@@ -410,14 +383,7 @@ class DockerBackend:
         }
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
-        sandbox_tag(spec.id)  # validates the id (it becomes a name, a path and a rule comment)
-        sock = self._endpoint(spec.id).socket_path or ""
-        if len(sock) > _SUN_PATH_MAX:
-            raise InvalidRequest(
-                f"socket path too long ({len(sock)} bytes): use a shorter state dir"
-            )
-        if any(k.startswith("ORCHARD_AGENT_") for k in spec.env):
-            raise InvalidRequest("env names starting with ORCHARD_AGENT_ are reserved")
+        self._check_spec(spec)
         egress = spec.network.egress
         allow = await self._allow(spec.network)
         image = await self._image(spec.image)

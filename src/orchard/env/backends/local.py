@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from orchard.env.backends import agent_socket
-from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
+from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.docker import AGENT_PIDS_RESERVE
+from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
 from orchard.env.backends.local_net import LOCAL_BRIDGE, LOCAL_SUBNET, LocalNetwork
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
@@ -49,14 +50,11 @@ from orchard.env.network import ResolvedAllow, host_dns_servers, resolve_allow, 
 log = logging.getLogger("orchard.local")
 
 AGENT_PATH = "/.orchard/agent"
-RUN_DIR = "/.orchard/run"
-SOCKET_NAME = "agent.sock"
 DEFAULT_PIDS_LIMIT = 4096
 CGROUP_PARENT = "orchard"
 RUNC_TIMEOUT_S = 60.0  # a runc call that takes longer is stuck (e.g. on a wedged mount)
 # Folders without a started container younger than this may be a create in flight.
 ORPHAN_GRACE_S = 120.0
-_SUN_PATH_MAX = 107
 _PR_SET_CHILD_SUBREAPER = 36
 _MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -104,7 +102,7 @@ class _Watch:
     exit_code: int | None = None
 
 
-class LocalBackend:
+class LocalBackend(HostFolders):
     """The Backend protocol on runc; see the module docstring."""
 
     name = "local"
@@ -156,32 +154,6 @@ class LocalBackend:
         _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     # ------------------------------------------------------------ paths and meta
-
-    def _box(self, sandbox_id: str) -> Path:
-        return self.state_dir / "sandboxes" / sandbox_id
-
-    def _endpoint(self, sandbox_id: str) -> AgentEndpoint:
-        # The pinned link, never the shared folder's socket: see agent_socket.py.
-        return AgentEndpoint(socket_path=str(self._box(sandbox_id) / SOCKET_NAME))
-
-    def _read_meta(self, sandbox_id: str) -> dict[str, Any] | None:
-        try:
-            data = json.loads((self._box(sandbox_id) / "meta.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-
-    def _write_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
-        path = self._box(sandbox_id) / "meta.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, path)
-
-    def _update_meta(self, sandbox_id: str, **changes: Any) -> dict[str, Any]:
-        meta = self._read_meta(sandbox_id) or {"id": sandbox_id}
-        meta.update(changes)
-        self._write_meta(sandbox_id, meta)
-        return meta
 
     # ------------------------------------------------------------ runc
 
@@ -310,14 +282,7 @@ class LocalBackend:
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
         await self._recover()
-        sandbox_tag(spec.id)  # validates the id (a folder, a runc id and a rule comment)
-        sock = self._endpoint(spec.id).socket_path or ""
-        if len(sock) > _SUN_PATH_MAX:
-            raise InvalidRequest(
-                f"socket path too long ({len(sock)} bytes): use a shorter state dir"
-            )
-        if any(k.startswith("ORCHARD_AGENT_") for k in spec.env):
-            raise InvalidRequest("env names starting with ORCHARD_AGENT_ are reserved")
+        self._check_spec(spec)
         egress = spec.network.egress
         allow = await self._allow(spec.network)
         image = await self.images.resolve(spec.image)
