@@ -189,7 +189,9 @@ def test_malformed_http(agent: Agent, lines: list[bytes], tail: bytes) -> None:
         status = out.split(b"\r\n", 1)[0]
         assert status.startswith(b"HTTP/1.1 "), out[:200]
         code = int(status.split()[1])
-        assert code < 500 or code == 505, out[:300]  # 505: an HTTP version it does not speak
+        # 501: a transfer coding it does not implement, 505: an HTTP version it does not speak
+        # (both RFC 9112 answers from Go's server, not failures of the agent)
+        assert code < 500 or code in (501, 505), out[:300]
 
 
 def test_huge_header_and_slow_client(agent: Agent) -> None:
