@@ -15,7 +15,6 @@ so Podman's Docker-compatible API works too.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import json
 import logging
@@ -70,7 +69,6 @@ AGENT_PIDS_RESERVE = 32
 # then cost one inspect, and a re-tagged image is picked up soon after.
 IMAGE_CACHE_TTL_S = 30.0
 # Orphan host folders younger than this may belong to a create still in flight elsewhere.
-ORPHAN_GRACE_S = 120.0
 # From Docker's default set: NET_RAW (raw sockets could forge source addresses and slip past
 # per-IP egress rules; ICMP echo still works through unprivileged ping sockets), MKNOD (device
 # nodes), AUDIT_WRITE (host audit log), SETFCAP (granting file capabilities). SETUID/SETGID,
@@ -593,21 +591,8 @@ class DockerBackend(HostFolders):
             await self.firewall.remove(sandbox_id)
         shutil.rmtree(self._box(sandbox_id), ignore_errors=True)
 
-    async def remove_orphans(self, known: set[str]) -> builtins.list[str]:
-        """Delete host folders whose container is gone (called by the service's reconcile)."""
-        removed: builtins.list[str] = []
-        now = time.time()
-        for box in (self.state_dir / "sandboxes").iterdir():
-            sid = box.name
-            if sid in known or sid in self._creating:
-                continue
-            with contextlib.suppress(OSError):
-                if now - box.stat().st_mtime < ORPHAN_GRACE_S:
-                    continue
-            if await self._inspect(sid) is None:
-                await self.delete(sid)
-                removed.append(sid)
-        return removed
+    async def _runtime_gone(self, sandbox_id: str) -> bool:
+        return await self._inspect(sandbox_id) is None
 
     async def close(self) -> None:
         if self._docker is not None:

@@ -7,8 +7,11 @@ the one folder the sandbox sees (at RUN_DIR), where the agent creates its socket
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +22,36 @@ from orchard.env.network import sandbox_tag
 RUN_DIR = "/.orchard/run"
 SOCKET_NAME = "agent.sock"
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path, less the NUL
+ORPHAN_GRACE_S = 120.0  # a folder this young may belong to a create still under way
 
 
 class HostFolders:
     """Mixin: paths, metadata and spec checks over `self.state_dir`."""
 
     state_dir: Path
+    _creating: set[str]
+
+    async def delete(self, sandbox_id: str) -> None: ...
+
+    async def _runtime_gone(self, sandbox_id: str) -> bool:
+        """True when the runtime holds nothing of this sandbox (its folder is then an orphan)."""
+        raise TypeError(f"{type(self).__name__} must define _runtime_gone")
+
+    async def remove_orphans(self, known: set[str]) -> builtins.list[str]:
+        """Delete host folders whose sandbox is gone (called by the service's reconcile)."""
+        removed: builtins.list[str] = []
+        now = time.time()
+        for box in (self.state_dir / "sandboxes").iterdir():
+            sid = box.name
+            if sid in known or sid in self._creating:
+                continue
+            with contextlib.suppress(OSError):
+                if now - box.stat().st_mtime < ORPHAN_GRACE_S:
+                    continue
+            if await self._runtime_gone(sid):
+                await self.delete(sid)
+                removed.append(sid)
+        return removed
 
     def _box(self, sandbox_id: str) -> Path:
         return self.state_dir / "sandboxes" / sandbox_id

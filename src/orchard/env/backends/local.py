@@ -22,7 +22,6 @@ runs go to the host's init (which must reap orphans, as systemd does).
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import ctypes
 import json
@@ -54,7 +53,6 @@ DEFAULT_PIDS_LIMIT = 4096
 CGROUP_PARENT = "orchard"
 RUNC_TIMEOUT_S = 60.0  # a runc call that takes longer is stuck (e.g. on a wedged mount)
 # Folders without a started container younger than this may be a create in flight.
-ORPHAN_GRACE_S = 120.0
 _PR_SET_CHILD_SUBREAPER = 36
 _MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -546,21 +544,8 @@ class LocalBackend(HostFolders):
             with contextlib.suppress(OSError):
                 path.rmdir()
 
-    async def remove_orphans(self, known: set[str]) -> builtins.list[str]:
-        """Delete folders of creates that never finished (called by the service's reconcile)."""
-        removed: builtins.list[str] = []
-        now = time.time()
-        for box in (self.state_dir / "sandboxes").iterdir():
-            sid = box.name
-            if sid in known or sid in self._creating:
-                continue
-            with contextlib.suppress(OSError):
-                if now - box.stat().st_mtime < ORPHAN_GRACE_S:
-                    continue
-            if not self._visible(sid, self._read_meta(sid)):
-                await self.delete(sid)
-                removed.append(sid)
-        return removed
+    async def _runtime_gone(self, sandbox_id: str) -> bool:
+        return not self._visible(sandbox_id, self._read_meta(sandbox_id))
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
