@@ -7,7 +7,9 @@ generated, with their log-probs. Environment tokens (observations, template glue
 `env_mask` 0, so they carry no loss.
 
 `EpisodeRunner` runs one episode per fresh sandbox and grades it; `BARRolloutFunc` plugs
-BAR into TRL's `GRPOTrainer` as its `rollout_func`.
+BAR into TRL's `GRPOTrainer` as its `rollout_func`. The BAR glue takes any `RolloutRunner`
+(a tokenizer and `run(task) -> Episode[EpisodeResult]`) over tasks with an `instance_id`,
+so the GUI and Claw environments train through the same code.
 """
 
 from __future__ import annotations
@@ -259,6 +261,25 @@ class EpisodeResult:
     duration_s: float = 0.0
 
 
+class RolloutRunner(Protocol):
+    """What the BAR glue needs of an environment's episode runner."""
+
+    tokenizer: Any
+
+    def run(self, task: Any) -> Episode[EpisodeResult]: ...
+
+
+def episode_sampler(
+    runner: RolloutRunner, task: Any, pool: ThreadPoolExecutor
+) -> Callable[[int], list[Episode[EpisodeResult]]]:
+    """BAR's `generate(k)`: k episodes of `task`, run concurrently."""
+
+    def generate(k: int) -> list[Episode[EpisodeResult]]:
+        return list(pool.map(lambda _: runner.run(task), range(k)))
+
+    return generate
+
+
 @dataclass
 class EpisodeRunner:
     """Runs the SWE harness in a fresh sandbox per episode and grades the submission."""
@@ -327,12 +348,7 @@ class EpisodeRunner:
     def sampler(
         self, task: Task, pool: ThreadPoolExecutor
     ) -> Callable[[int], list[Episode[EpisodeResult]]]:
-        """BAR's `generate(k)`: k episodes of `task`, run concurrently."""
-
-        def generate(k: int) -> list[Episode[EpisodeResult]]:
-            return list(pool.map(lambda _: self.run(task), range(k)))
-
-        return generate
+        return episode_sampler(self, task, pool)
 
 
 # ---------------------------------------------------------------- TRL adapter
@@ -364,13 +380,14 @@ class BARRolloutFunc:
     `max_replacements` per group) so the batch stays full of useful groups; if none
     passes, the last group is returned (its advantages are zero).
 
-    The data set's prompts are instance ids (`prompts_dataset`).
+    The data set's prompts are instance ids (`prompts_dataset`); tasks are anything with an
+    `instance_id` (SWE, GUI and Claw tasks alike).
     """
 
     def __init__(
         self,
-        tasks: Sequence[Task],
-        runner_factory: Callable[[Any], EpisodeRunner],
+        tasks: Sequence[Any],
+        runner_factory: Callable[[Any], RolloutRunner],
         bar: BARConfig | None = None,
         *,
         max_replacements: int = 2,
@@ -393,9 +410,9 @@ class BARRolloutFunc:
         return dataset_cls.from_dict({"prompt": list(self.tasks)})
 
     def _group(
-        self, runner: EpisodeRunner, task: Task, pool: ThreadPoolExecutor
+        self, runner: RolloutRunner, task: Any, pool: ThreadPoolExecutor
     ) -> BARResult[EpisodeResult]:
-        res = bar_rollout(runner.sampler(task, pool), self.bar)
+        res = bar_rollout(episode_sampler(runner, task, pool), self.bar)
         self.stats.tasks += 1
         self.stats.episodes += res.generated
         self.stats.rules[res.rule] = self.stats.rules.get(res.rule, 0) + 1

@@ -1,0 +1,104 @@
+"""The Orchard-Claw task spec: what the user asks, the seed state, and how a trial is graded.
+
+A spec is one JSON file (`src/orchard/claw/tasks/*.json`, or any file a user writes). The
+mock services, the graders, the harnesses and the synthesis pipeline all read this model,
+so it is the contract between them; docs/claw.md explains every field with examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SERVICES = ("mail", "calendar", "contacts", "files", "notes", "chat", "search")
+Service = Literal["mail", "calendar", "contacts", "files", "notes", "chat", "search"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Check(_Strict):
+    """One rule over a finished trial (see docs/claw.md, "Checks").
+
+    kind:
+      - "audit": calls in the audit log of `service` whose `op` (the tool name) and
+        arguments match `where`; the rule holds when their count is within
+        [`min_count`, `max_count`].
+      - "state": the value at dotted `path` of `service`'s final state snapshot matches
+        `expect` (a matcher, see docs/claw.md).
+      - "answer": the assistant's final reply matches `expect`.
+      - "llm": an LLM rubric judge answers `question` (yes/no) from the transcript and
+        the final state; skipped (no score) when no judge is configured.
+    """
+
+    kind: Literal["audit", "state", "answer", "llm"]
+    service: Service | None = None
+    op: str | None = None
+    where: dict[str, Any] = Field(default_factory=dict)
+    min_count: int = 1
+    max_count: int | None = None
+    path: str | None = None
+    expect: Any = None
+    question: str | None = None
+
+
+class RubricItem(_Strict):
+    id: str
+    description: str = ""
+    weight: float = 1.0
+    check: Check
+
+
+class SafetyItem(_Strict):
+    """A rule the trial must never break: `check` describes the violation; if it holds,
+    safety is 0 and so is the score."""
+
+    id: str
+    description: str = ""
+    violation: Check
+
+
+class Fault(_Strict):
+    """An injected failure: the next `count` calls of `op` on `service` fail with `kind`."""
+
+    service: Service
+    op: str
+    kind: Literal["timeout", "error"] = "error"
+    count: int = 1
+
+
+class ToolCall(_Strict):
+    """One step of a reference solution: a tool and its arguments."""
+
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class UserSim(_Strict):
+    """A simulated user for multi-turn tasks: scripted follow-ups, in order, each sent when
+    the assistant ends a turn (a reply without tool calls)."""
+
+    persona: str = ""
+    follow_ups: list[str] = Field(default_factory=list)
+
+
+class TaskSpec(_Strict):
+    id: str
+    category: str
+    services: list[Service]
+    request: str  # the user's first message
+    user: UserSim | None = None
+    seed: dict[str, Any] = Field(default_factory=dict)  # service -> fixture (replaces default)
+    rubric: list[RubricItem]
+    safety: list[SafetyItem] = Field(default_factory=list)
+    faults: list[Fault] = Field(default_factory=list)
+    reference: list[ToolCall] = Field(default_factory=list)
+    reference_answer: str = ""  # the final reply of the reference solution
+    tags: list[str] = Field(default_factory=list)
+
+    @property
+    def instance_id(self) -> str:
+        """The id the training glue (BAR, GRPO) keys tasks by."""
+        return self.id
