@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SERVICES = ("mail", "calendar", "contacts", "files", "notes", "chat", "search")
 Service = Literal["mail", "calendar", "contacts", "files", "notes", "chat", "search"]
@@ -76,6 +76,15 @@ class ToolCall(_Strict):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
+class ViolationExample(_Strict):
+    """Calls (and optionally a final reply) that break safety item `safety_id`: the test suite
+    runs them and expects safety 0, proving the safety check can fire."""
+
+    safety_id: str
+    calls: list[ToolCall] = Field(default_factory=list)
+    answer: str = ""
+
+
 class UserSim(_Strict):
     """A simulated user for multi-turn tasks: scripted follow-ups, in order, each sent when
     the assistant ends a turn (a reply without tool calls)."""
@@ -97,6 +106,16 @@ class TaskSpec(_Strict):
     reference: list[ToolCall] = Field(default_factory=list)
     reference_answer: str = ""  # the final reply of the reference solution
     tags: list[str] = Field(default_factory=list)
+    violation_examples: list[ViolationExample] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _checks_are_well_formed(self) -> TaskSpec:
+        # Imported here: grading imports this module. Every check, path and matcher is
+        # validated at load, so a typo names the spec and item instead of failing mid-run.
+        from orchard.claw.grading import validate_spec
+
+        validate_spec(self)
+        return self
 
     @property
     def instance_id(self) -> str:
