@@ -351,9 +351,9 @@ def validate_check(check: Check, *, has_expect: bool) -> None:
     }[check.kind]
     for name in extra:
         if getattr(check, name) is not None:
-            raise ValueError(f"a {check.kind!r} check takes no {name!r}")
+            raise ValueError(f"a check of kind {check.kind!r} takes no {name!r}")
     if check.kind != "audit" and check.where:
-        raise ValueError(f"a {check.kind!r} check takes no 'where'")
+        raise ValueError(f"a check of kind {check.kind!r} takes no 'where'")
     if check.kind == "audit":
         if not check.op:
             raise ValueError("an 'audit' check needs 'op' (a tool name)")
@@ -382,7 +382,7 @@ def validate_check(check: Check, *, has_expect: bool) -> None:
         raise ValueError("an 'llm' check needs 'question'")
     if check.kind in ("state", "answer"):
         if not has_expect:
-            raise ValueError(f"a {check.kind!r} check needs 'expect' (a matcher)")
+            raise ValueError(f"a check of kind {check.kind!r} needs 'expect' (a matcher)")
         validate_matcher(check.expect)
 
 
