@@ -41,6 +41,7 @@ STATE: dict[str, Any] = {
             {"id": "m-003", "folder": "sent", "subject": "Invite", "to": ["dana@acme.example"]},
         ]
     },
+    "files": {"files": {"/docs/plan.md": "Q2 plan", "/a.b": "x"}},
     "calendar": {"events": [{"id": "e-001", "start": "2026-03-03T10:00", "attendees": []}]},
 }
 
@@ -110,6 +111,9 @@ def spec(**kw: Any) -> TaskSpec:
         ("mail.messages[9]", MISSING),
         ("mail.nothing.here", MISSING),
         ("calendar.events[0].attendees", []),
+        ('files.files["/docs/plan.md"]', "Q2 plan"),
+        ("files.files['/a.b']", "x"),
+        ('files.files["/none"]', MISSING),
     ],
 )
 def test_paths(path: str, want: Any) -> None:

@@ -67,6 +67,7 @@ class _Step:
 def parse_path(path: str) -> list[_Step]:
     """`messages[folder=sent][-1].to` → key, filter, index, key. Raises ValueError if malformed.
 
+    `["/docs/a.md"]` is a key that is not a plain name (a path, an address).
     Filters: `[k=v]` (equal, or a member of a list field), `[k!=v]`, `[k~=v]` (case-insensitive
     substring, or a substring of a member); `k` may itself be dotted (`[from.email=...]`).
     """
@@ -83,13 +84,17 @@ def parse_path(path: str) -> list[_Step]:
             steps.append(_Step("key", key=m.group(1)))
             continue
         inner = m.group(2).strip()
+        quoted = re.fullmatch(r"\"([^\"]*)\"|'([^']*)'", inner)
+        if quoted is not None:
+            steps.append(_Step("key", key=quoted.group(1) or quoted.group(2) or ""))
+            continue
         if re.fullmatch(r"-?\d+", inner):
             steps.append(_Step("index", index=int(inner)))
             continue
         f = _FILTER.match(inner)
         if f is None:
             raise ValueError(
-                f"bad selector [{inner}] in path {path!r} (use [n], [k=v], [k!=v], [k~=v])"
+                f"bad selector [{inner}] in path {path!r} (use [n], ["key"], [k=v], [k!=v], [k~=v])"
             )
         parse_path(f.group(1))
         steps.append(_Step("filter", key=f.group(1), op=f.group(2), value=f.group(3)))
