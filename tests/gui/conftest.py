@@ -15,6 +15,7 @@ import pytest
 
 from orchard import Orchard
 from orchard.env.config import ServiceConfig
+from orchard.gui.env import BrowserEnv
 from orchard.gui.image import browser_image as _browser_image
 from tests.swe.conftest import _test_labels
 
@@ -42,3 +43,16 @@ def gui_client(
     finally:
         client.close()
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser_env(gui_client: Orchard, browser_image: str) -> Iterator[BrowserEnv]:
+    """One BrowserEnv (default EnvConfig) per test module; `reset` reuses its sandbox.
+
+    Tests may change `browser_env.config` (som, axtree, limits) but must put it back.
+    """
+    env = BrowserEnv(gui_client, image=browser_image)
+    try:
+        yield env
+    finally:
+        env.close()
