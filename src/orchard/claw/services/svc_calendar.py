@@ -1,0 +1,91 @@
+"""Calendar: the user's events, other people's busy times, and free-slot search."""
+
+import datetime as dt
+
+from common import Service, ToolError, find, fmt_time, next_id, parse_time
+
+
+class Calendar(Service):
+    name = "calendar"
+
+    def __init__(self, fixture):
+        super().__init__(fixture)
+        self.data.setdefault("owner", "me@acme.test")
+        self.data.setdefault("working_hours", ["09:00", "17:00"])
+        self.data.setdefault("events", [])
+        self.data.setdefault("busy", {})  # email -> [{"start", "end"}]: others' calendars
+
+    def _get(self, key):
+        return find(self.data["events"], key, "event")
+
+    def _check_span(self, start, end):
+        s, e = parse_time(start, "start"), parse_time(end, "end")
+        if e <= s:
+            raise ToolError(f"argument 'end': {end!r} must be after start {start!r}")
+        return fmt_time(s), fmt_time(e)
+
+    def calendar_list_events(self, start=None, end=None):
+        lo = parse_time(start, "start") if start else dt.datetime.min
+        hi = parse_time(end, "end") if end else dt.datetime.max
+        found = [
+            ev
+            for ev in self.data["events"]
+            if parse_time(ev["start"], "start") < hi and parse_time(ev["end"], "end") > lo
+        ]
+        found.sort(key=lambda ev: (ev["start"], ev["id"]))
+        return {"events": [dict(ev) for ev in found]}
+
+    def calendar_get_event(self, id):
+        return dict(self._get(id))
+
+    def calendar_create_event(self, title, start, end, attendees=None, location="", description=""):
+        start, end = self._check_span(start, end)
+        event = {
+            "id": next_id("e", self.data["events"]),
+            "title": title,
+            "start": start,
+            "end": end,
+            "attendees": list(attendees or []),
+            "location": location,
+            "description": description,
+        }
+        self.data["events"].append(event)
+        return dict(event)
+
+    def calendar_update_event(self, id, **changes):
+        event = self._get(id)
+        start, end = self._check_span(
+            changes.get("start", event["start"]), changes.get("end", event["end"])
+        )
+        event.update(changes)
+        event["start"], event["end"] = start, end
+        return dict(event)
+
+    def calendar_delete_event(self, id):
+        self.data["events"].remove(self._get(id))
+        return {"id": id, "deleted": True}
+
+    def calendar_find_free_slots(self, date, duration_minutes, attendees=None):
+        day = parse_time(date, "date").date()
+        opens, closes = (dt.time.fromisoformat(t) for t in self.data["working_hours"])
+        lo, hi = dt.datetime.combine(day, opens), dt.datetime.combine(day, closes)
+        people = set(attendees or [])
+        spans = [(ev["start"], ev["end"]) for ev in self.data["events"]]
+        for person in people:
+            spans += [(b["start"], b["end"]) for b in self.data["busy"].get(person, [])]
+        clipped = [
+            (max(lo, parse_time(s, "start")), min(hi, parse_time(e, "end"))) for s, e in spans
+        ]
+        busy = sorted((s, e) for s, e in clipped if s < e)  # only what falls inside the day
+        free, cursor = [], lo
+        for s, e in busy:
+            if s > cursor:
+                free.append((cursor, s))
+            cursor = max(cursor, e)
+        if cursor < hi:
+            free.append((cursor, hi))
+        need = dt.timedelta(minutes=duration_minutes)
+        return {
+            "date": day.isoformat(),
+            "slots": [{"start": fmt_time(s), "end": fmt_time(e)} for s, e in free if e - s >= need],
+        }

@@ -1,0 +1,43 @@
+"""Contacts: the company address book."""
+
+from common import Service, contains, find, next_id
+
+FIELDS = ("name", "email", "phone", "company", "title", "team", "notes")
+
+
+class Contacts(Service):
+    name = "contacts"
+
+    def __init__(self, fixture):
+        super().__init__(fixture)
+        self.data.setdefault("contacts", [])
+
+    def _get(self, key):
+        return find(self.data["contacts"], key, "contact")
+
+    def contacts_search(self, query):
+        found = [
+            c
+            for c in self.data["contacts"]
+            if not query.strip()
+            or contains([c.get(f) for f in ("name", "email", "company", "title", "team")], query)
+        ]
+        return {"contacts": [dict(c) for c in sorted(found, key=lambda c: c["id"])]}
+
+    def contacts_get(self, id):
+        return dict(self._get(id))
+
+    def contacts_create(self, name, **fields):
+        contact = {"id": next_id("c", self.data["contacts"]), "name": name}
+        contact.update({f: fields.get(f, "") for f in FIELDS if f != "name"})
+        self.data["contacts"].append(contact)
+        return dict(contact)
+
+    def contacts_update(self, id, **changes):
+        contact = self._get(id)
+        contact.update(changes)
+        return dict(contact)
+
+    def contacts_delete(self, id):
+        self.data["contacts"].remove(self._get(id))
+        return {"id": id, "deleted": True}
