@@ -94,7 +94,7 @@ def parse_path(path: str) -> list[_Step]:
         f = _FILTER.match(inner)
         if f is None:
             raise ValueError(
-                f"bad selector [{inner}] in path {path!r} (use [n], ["key"], [k=v], [k!=v], [k~=v])"
+                f"bad selector [{inner}] in path {path!r} (use [n], ['key'], [k=v], [k!=v], [k~=v])"
             )
         parse_path(f.group(1))
         steps.append(_Step("filter", key=f.group(1), op=f.group(2), value=f.group(3)))
