@@ -14,7 +14,7 @@ Two scripted policies validate a task without any model:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -89,7 +89,7 @@ class ToolWorld(Protocol):
 
     def reset(self, seed: dict[str, Any] | None = None) -> Any: ...
 
-    def inject_faults(self, faults: Sequence[Fault | dict[str, Any]]) -> Any: ...
+    def inject_faults(self, faults: list[Fault | dict[str, Any]]) -> Any: ...
 
     def audit(self) -> list[dict[str, Any]]: ...
 
@@ -109,7 +109,8 @@ def run_scripted(
     reference of a task with faults lists the failing call and then its retry."""
     world.reset(spec.seed)
     if spec.faults:
-        world.inject_faults(spec.faults)
+        faults: list[Fault | dict[str, Any]] = list(spec.faults)
+        world.inject_faults(faults)
     transcript: list[dict[str, Any]] = [{"role": "user", "content": spec.request}]
     for i, call in enumerate(calls):
         result = world.call(call.tool, call.args)
