@@ -25,6 +25,7 @@ from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.table import Table
 
+from orchard.claw.cli import claw_app
 from orchard.env.errors import OrchardError
 from orchard.swe.cli import swe_app
 from orchard.train.cli import train_app
@@ -68,6 +69,7 @@ sandbox_app = typer.Typer(
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(swe_app, name="swe")
 app.add_typer(train_app, name="train")
+app.add_typer(claw_app, name="claw")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
 

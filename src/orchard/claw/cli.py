@@ -1,0 +1,340 @@
+"""`orchard claw ...`: run and grade Claw tasks, pass@k, synthesis, SFT export, the MCP server."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from orchard.claw.grading import RubricJudge
+    from orchard.claw.spec import TaskSpec
+
+claw_app = typer.Typer(
+    help="Productivity-tool tasks (mail, calendar, files, ...): runs, pass@k, synthesis.",
+    epilog="[bold]Examples[/bold]\n\n"
+    "  orchard claw tasks list\n\n"
+    "  orchard claw run --model reference --out runs/ref    (replays the reference solutions)\n\n"
+    "  orchard claw run --model http://localhost:8000/v1 --model-name Qwen/Qwen3-8B "
+    "-k 3 --workers 4 --out runs/q3\n\n"
+    "  orchard claw eval runs/q3 -k 3 --regrade --judge http://localhost:8001/v1\n\n"
+    "  orchard claw synthesize --model http://localhost:8000/v1 --n 20 --out my-tasks\n\n"
+    "  orchard claw export-sft runs/q3 --out sft.jsonl",
+    no_args_is_help=True,
+)
+tasks_app = typer.Typer(help="List, inspect and validate task specs.", no_args_is_help=True)
+claw_app.add_typer(tasks_app, name="tasks")
+err = Console(stderr=True, highlight=False)
+
+TasksOpt = Annotated[
+    Path | None,
+    typer.Option("--tasks", help="A spec file or folder of specs (default: the shipped tasks)."),
+]
+TaskIdOpt = Annotated[
+    list[str] | None, typer.Option("--task", "-t", help="Only this task id (repeatable).")
+]
+CategoryOpt = Annotated[
+    list[str] | None, typer.Option("--category", help="Only this category (repeatable).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
+KOpt = Annotated[int, typer.Option("-k", min=1, help="Trials per task (pass@k, pass^k).")]
+ModelNameOpt = Annotated[
+    str,
+    typer.Option(
+        "--model-name", envvar="ORCHARD_MODEL_NAME", help="Model name sent to the endpoint."
+    ),
+]
+JudgeOpt = Annotated[
+    str | None,
+    typer.Option("--judge", help="OpenAI-compatible base URL of an LLM rubric judge."),
+]
+JudgeNameOpt = Annotated[
+    str, typer.Option("--judge-model", help="Model name sent to the judge endpoint.")
+]
+LabelOpt = Annotated[
+    list[str] | None, typer.Option("--label", "-l", help="K=V on every sandbox (repeatable).")
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"error: bad_request: {message}", markup=False)
+    return typer.Exit(1)
+
+
+def _load(
+    path: Path | None, ids: list[str] | None = None, categories: list[str] | None = None
+) -> list[TaskSpec]:
+    from orchard.claw.tasks import TaskLoadError, load_tasks
+
+    try:
+        specs = load_tasks(path)
+    except TaskLoadError as e:
+        raise _fail(str(e)) from e
+    if ids:
+        missing = set(ids) - {s.id for s in specs}
+        if missing:
+            raise _fail(f"unknown task id(s): {', '.join(sorted(missing))}")
+        specs = [s for s in specs if s.id in ids]
+    if categories:
+        specs = [s for s in specs if s.category in categories]
+    return specs
+
+
+def _judge(url: str | None, name: str, cache: Path | None) -> RubricJudge | None:
+    if url is None:
+        return None
+    from orchard.claw.grading import LLMRubricJudge
+    from orchard.swe.models import OpenAIModel
+
+    return LLMRubricJudge(OpenAIModel(url, name=name, temperature=0.0), cache_dir=cache)
+
+
+def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    from orchard.claw.metrics import table_header, table_rows
+
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        return
+    table = Table(title=f"Claw results (k={summary['k']})")
+    for i, col in enumerate(table_header(summary["k"])):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in table_rows(summary):
+        table.add_row(*row)
+    Console().print(table)
+    for e in summary.get("errors") or []:
+        err.print(f"error: {e}", markup=False)
+
+
+# ---------------------------------------------------------------- run / eval
+
+
+@claw_app.command()
+def run(
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model", "-m", help="OpenAI-compatible base URL, `reference` or `null` (scripted)."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (resumable).")],
+    tasks: TasksOpt = None,
+    task: TaskIdOpt = None,
+    category: CategoryOpt = None,
+    k: KOpt = 1,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Parallel worlds.")] = 1,
+    harness: Annotated[str, typer.Option("--harness", help="tools or assistant.")] = "tools",
+    model_name: ModelNameOpt = "default",
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
+    step_limit: Annotated[int, typer.Option(help="Model calls per trial.")] = 30,
+    time_limit: Annotated[float, typer.Option(help="Seconds per trial.")] = 600.0,
+    judge: JudgeOpt = None,
+    judge_model: JudgeNameOpt = "default",
+    redo: Annotated[bool, typer.Option("--redo", help="Forget finished trials.")] = False,
+    label: LabelOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run k graded trials of every task; writes results.jsonl, trajectories, summary.json."""
+    from orchard.claw.harness import HarnessConfig
+    from orchard.claw.runner import model_factory, run_trials
+    from orchard.swe.cli import _client, _labels
+
+    chosen = _load(tasks, task, category)
+    try:
+        config = HarnessConfig(harness, step_limit=step_limit, wall_time_limit_s=time_limit)  # type: ignore[arg-type]
+        params = {"temperature": temperature} if temperature is not None else {}
+        factory = model_factory(model, name=model_name, params=params)
+    except ValueError as e:
+        raise _fail(str(e)) from e
+    with _client() as client:
+        summary = run_trials(
+            client,
+            chosen,
+            factory,
+            config,
+            out,
+            k=k,
+            workers=workers,
+            judge=_judge(judge, judge_model, out / "judge-cache"),
+            redo=redo,
+            labels=_labels(label),
+        )
+    _print_summary(summary, as_json)
+
+
+@claw_app.command("eval")
+def eval_(
+    out: Annotated[Path, typer.Argument(help="A run folder (with results.jsonl).")],
+    k: KOpt = 1,
+    tasks: TasksOpt = None,
+    regrade: Annotated[
+        bool, typer.Option("--regrade", help="Grade the saved trajectories again.")
+    ] = False,
+    judge: JudgeOpt = None,
+    judge_model: JudgeNameOpt = "default",
+    as_json: JsonOpt = False,
+) -> None:
+    """Recompute pass@k / pass^k of a run (for any k); --regrade grades it again first."""
+    from orchard.claw.runner import read_results, write_summary
+    from orchard.claw.runner import regrade as do_regrade
+
+    rows = read_results(out)
+    if not rows:
+        raise _fail(f"no results.jsonl in {out}")
+    if regrade or judge:
+        summary = do_regrade(
+            _load(tasks), out, k=k, judge=_judge(judge, judge_model, out / "judge-cache")
+        )
+    else:
+        summary = write_summary(out, k, [r for r in rows if r["trial"] < k])
+    _print_summary(summary, as_json)
+
+
+@claw_app.command("export-sft")
+def export_sft(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (with results.jsonl).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")],
+    min_score: Annotated[
+        float | None, typer.Option(help="Keep trials scoring at least this (default: passed).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Passing trials as chat rows with their tools ({"messages", "tools", ...}) for SFT."""
+    from orchard.claw.runner import export_sft as do_export
+
+    n = do_export(run_dir, out, min_score=min_score)
+    if as_json:
+        sys.stdout.write(json.dumps({"rows": n, "out": str(out)}) + "\n")
+    else:
+        Console().print(f"{n} trajectories in {out}")
+
+
+# ---------------------------------------------------------------- tasks
+
+
+@tasks_app.command("list")
+def tasks_list(
+    tasks: TasksOpt = None, category: CategoryOpt = None, as_json: JsonOpt = False
+) -> None:
+    """One line per task: id, category, services, request."""
+    specs = _load(tasks, None, category)
+    if as_json:
+        rows = [
+            {"id": s.id, "category": s.category, "services": s.services, "request": s.request}
+            for s in specs
+        ]
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    table = Table(title=f"{len(specs)} Claw tasks")
+    for col in ("id", "category", "services", "request"):
+        table.add_column(col)
+    for s in specs:
+        request = s.request if len(s.request) <= 70 else s.request[:67] + "..."
+        table.add_row(s.id, s.category, ",".join(s.services), request)
+    Console().print(table)
+
+
+@tasks_app.command("show")
+def tasks_show(
+    task_id: Annotated[str, typer.Argument(help="A task id.")], tasks: TasksOpt = None
+) -> None:
+    """Print one spec as JSON."""
+    (spec,) = _load(tasks, [task_id])
+    sys.stdout.write(json.dumps(spec.model_dump(mode="json"), indent=2) + "\n")
+
+
+@tasks_app.command("validate")
+def tasks_validate(
+    tasks: TasksOpt = None,
+    task: TaskIdOpt = None,
+    run_policies: Annotated[
+        bool,
+        typer.Option(
+            "--run", help="Also check in a world: the reference passes, the null policy fails."
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Load and check specs (schema, tools, checks); --run also plays both scripted policies."""
+    specs = _load(tasks, task)
+    problems: dict[str, str] = {}
+    if run_policies:
+        from orchard.claw.synthesize import DraftError, check_draft
+        from orchard.claw.world import World
+        from orchard.swe.cli import _client
+
+        with _client() as client, World.start(client) as world:
+            for s in specs:
+                try:
+                    check_draft(world, s)
+                except DraftError as e:
+                    problems[s.id] = str(e)
+    report = {"tasks": len(specs), "ok": len(specs) - len(problems), "problems": problems}
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        for tid, why in problems.items():
+            err.print(f"{tid}: {why}", markup=False)
+        Console().print(f"{report['ok']}/{len(specs)} tasks valid")
+    if problems:
+        raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------- synthesize / mcp
+
+
+@claw_app.command()
+def synthesize(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="OpenAI-compatible base URL of the drafter.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for kept specs and rejects.")],
+    n: Annotated[int, typer.Option("--n", min=1, help="Specs to keep.")] = 10,
+    seed: Annotated[
+        int, typer.Option(help="Seeds example choice and the endpoint's sampling.")
+    ] = 0,
+    max_attempts: Annotated[
+        int | None, typer.Option(help="Drafts to ask for at most (default 4n).")
+    ] = None,
+    model_name: ModelNameOpt = "default",
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.8,
+    examples: TasksOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Draft task specs with an LLM; keep those whose reference passes and null policy fails."""
+    from orchard.claw.synthesize import synthesize as run_synthesis
+    from orchard.claw.world import World
+    from orchard.swe.cli import _client
+    from orchard.swe.models import OpenAIModel
+
+    shown = _load(examples)
+    drafter = OpenAIModel(
+        model, name=model_name, temperature=temperature, extra_body={"seed": seed}
+    )
+    with _client() as client, World.start(client) as world:
+        report = run_synthesis(
+            drafter, world, out, n=n, examples=shown, seed=seed, max_attempts=max_attempts
+        )
+    if as_json:
+        sys.stdout.write(json.dumps(report.__dict__, indent=2) + "\n")
+    else:
+        Console().print(
+            f"kept {len(report.accepted)} of {report.attempts} drafts in {out} "
+            f"(rejects: {out / 'rejects.jsonl'})"
+        )
+    if len(report.accepted) < n:
+        raise typer.Exit(1)
+
+
+@claw_app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def mcp(ctx: typer.Context) -> None:
+    """The Claw tools as an MCP server (`python -m orchard.claw.mcp_server`; try `--help`)."""
+    os.execv(sys.executable, [sys.executable, "-m", "orchard.claw.mcp_server", *ctx.args])
