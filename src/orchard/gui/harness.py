@@ -22,6 +22,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -340,13 +341,14 @@ def run_episode(
     env: BrowserEnv,
     config: GuiAgentConfig | None = None,
     out: Path | None = None,
+    on_step: Callable[[GuiStep], None] | None = None,
 ) -> GuiTrajectory:
     """One episode until `done`, a limit, three malformed actions or an error.
 
     The reward and verdict are the environment's (its judge). An exception (the model or
     the browser failing) ends the episode with `reason="error"` and no reward: it is
     recorded, not raised. With `out`, screenshots are written as they come and
-    `result.json` at the end.
+    `result.json` at the end; `on_step` sees each step as it is done (progress output).
     """
     config = config or GuiAgentConfig()
     traj = GuiTrajectory(task, {"name": model.name}, asdict(config))
@@ -402,6 +404,8 @@ def run_episode(
             )
             traj.steps.append(step)
             last = (reply, step)
+            if on_step is not None:
+                on_step(step)
             if done:
                 traj.reward, traj.reason = reward, info.get("reason")
                 traj.answer = info.get("answer")
