@@ -71,7 +71,7 @@ TODO_SPEC = TaskSpec.model_validate(
     }
 )
 HOODIES = {"title": "Order team hoodies", "due": "2026-03-06", "priority": "high"}
-AGENDA = {"title": "Print the name tags", "priority": "low"}
+TAGS = {"title": "Print the name tags", "priority": "low"}
 
 
 def raw_call(name: str, arguments: str, call_id: str = "call_1") -> dict[str, Any]:
@@ -99,7 +99,7 @@ def test_solving_model_passes_both_turns(claw_world: World, tmp_path: Path) -> N
     script = [
         calls(("todo_add", HOODIES)),
         Reply(content="Added the hoodies to-do."),
-        calls(("todo_add", AGENDA)),
+        calls(("todo_add", TAGS)),
         Reply(content="Added the name-tags to-do as well."),
     ]
     seen: list[str] = []
@@ -154,7 +154,7 @@ def test_malformed_calls_get_tool_errors(claw_world: World) -> None:
         Reply(tool_calls=[raw_call("todo_add", '{"priority": "high"}')]),  # missing title
         calls(("todo_add", HOODIES)),
         Reply(content="Added it."),
-        calls(("todo_add", AGENDA)),
+        calls(("todo_add", TAGS)),
         Reply(content="Added that too."),
     ]
     with FakeOpenAIServer(script) as server:
@@ -210,7 +210,7 @@ def test_assistant_harness_shell_and_files(claw_world: World) -> None:
         calls(("sandbox_read_file", {"path": "notes/plan.txt"})),
         calls(("todo_add", HOODIES)),
         Reply(content="Added."),
-        calls(("todo_add", AGENDA)),
+        calls(("todo_add", TAGS)),
         Reply(content="Added."),
     ]
     with FakeOpenAIServer(script) as server:
