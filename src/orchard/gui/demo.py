@@ -25,7 +25,7 @@ from orchard.gui.harness import GuiAgentConfig, GuiStep, model_params, run_episo
 from orchard.gui.types import WebTask
 from orchard.swe.models import Completion, Mode, Model, OpenAIModel, TokenUsage
 
-DEMO_TASK = "shop-add-cheapest-red-mug"  # used when it exists; else the shortest shop solution
+DEMO_TASK = "shop-nordwind-shoe-42"  # search, add to cart, done; else the shortest shop one
 
 
 def tool_message(name: str, args: dict[str, Any], thought: str, n: int = 0) -> dict[str, Any]:
