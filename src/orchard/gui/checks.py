@@ -106,7 +106,7 @@ def resolve(state: Any, path: str) -> Any:
             value, multi = value[step.index], False
         else:
             where += "[*]" if step.kind == "all" else f"[?{step.key}={step.value}]"
-            items = _flatten(value, where) if multi else value
+            items = _flatten(value) if multi else value
             if not isinstance(items, list):
                 raise _Missing(f"{where}: not a list")
             if step.kind == "filter":
@@ -121,12 +121,13 @@ def resolve(state: Any, path: str) -> Any:
     return value
 
 
-def _flatten(values: list[Any], where: str) -> list[Any]:
+def _flatten(values: list[Any]) -> list[Any]:
     out: list[Any] = []
-    for v in values:
-        if not isinstance(v, list):
-            raise _Missing(f"{where}: {v!r} is not a list")
-        out.extend(v)
+    for v in values:  # lists are spliced in; matches that are not lists stay as they are
+        if isinstance(v, list):
+            out.extend(v)
+        else:
+            out.append(v)
     return out
 
 
@@ -260,7 +261,7 @@ def validate(check: Any, where: str = "check") -> None:
     if not isinstance(check, dict) or not check:
         raise CheckError(f"{where}: a check is a non-empty object, not {check!r}")
     if "all" in check or "any" in check:
-        (kind,) = [k for k in ("all", "any") if k in check] or [""]
+        kind = "all" if "all" in check else "any"
         if len(check) != 1 or not isinstance(check[kind], list) or not check[kind]:
             raise CheckError(f"{where}: {kind!r} takes a non-empty list of checks, alone")
         for i, sub in enumerate(check[kind]):
@@ -291,10 +292,10 @@ def _validate_state(check: dict[str, Any], where: str) -> None:
             f"{where}: unknown operator(s) {sorted(unknown)}; known: "
             f"{sorted(set(STATE_OPS) | {'approx', 'exists'})}"
         )
-    if not ops - {"tol"}:
-        raise CheckError(f"{where}: a state check needs at least one operator")
     if "tol" in ops and "approx" not in ops:
         raise CheckError(f"{where}: 'tol' goes with 'approx'")
+    if not ops:
+        raise CheckError(f"{where}: a state check needs at least one operator")
     for op in ops & _NUMERIC_OPS:
         if not _is_number(check[op]):
             raise CheckError(f"{where}: {op!r} takes a number, not {check[op]!r}")

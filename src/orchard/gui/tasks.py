@@ -37,17 +37,11 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise TaskLoadError(f"{path}: cannot read: {e}") from None
-    stripped = text.lstrip()
-    if stripped.startswith("[") or (stripped.startswith("{") and _is_one_document(text)):
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TaskLoadError(f"{path}: not valid JSON: {e}") from None
-        if isinstance(doc, dict):
-            doc = next((doc[k] for k in ("tasks", "data") if isinstance(doc.get(k), list)), None)
-        if not isinstance(doc, list):
-            raise TaskLoadError(f"{path}: expected a list of tasks (or JSONL)")
+    doc = _whole_document(text)
+    if doc is not None:
         rows = [(f"{path}[{i}]", row) for i, row in enumerate(doc)]
+    elif text.lstrip().startswith("["):
+        raise TaskLoadError(f"{path}: not a valid JSON list of tasks")
     else:
         rows = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -63,12 +57,15 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return rows
 
 
-def _is_one_document(text: str) -> bool:
+def _whole_document(text: str) -> list[Any] | None:
+    """The task list when the file is one JSON list (or `{"tasks": [...]}`), else None."""
     try:
-        json.loads(text)
+        doc = json.loads(text)
     except json.JSONDecodeError:
-        return False
-    return True
+        return None
+    if isinstance(doc, dict):
+        doc = next((doc[k] for k in ("tasks", "data") if isinstance(doc.get(k), list)), None)
+    return doc if isinstance(doc, list) else None
 
 
 def _pick(row: dict[str, Any], where: str, *names: str, required: bool = True) -> str:
@@ -156,7 +153,7 @@ _CONSTRAINT_KEYS = {
 def _constraint_points(kind: str, value: Any, where: str) -> list[str]:
     if value is None or value == "" or value == [] or value == {}:
         return []
-    if isinstance(value, str | int | float):
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
         return [f"{kind}: {value}"]
     if isinstance(value, list):
         return [p for v in value for p in _constraint_points(kind, v, where)]
