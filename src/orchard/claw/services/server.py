@@ -186,6 +186,7 @@ class Handler(BaseHTTPRequestHandler):
     world = None  # set in main()
     token = ""
     protocol_version = "HTTP/1.1"
+    wbufsize = -1  # buffered: headers and body leave in one write, flushed per request
 
     def log_message(self, format, *args):  # quiet: the audit log is the record
         pass
