@@ -342,13 +342,15 @@ def run_episode(
     config: GuiAgentConfig | None = None,
     out: Path | None = None,
     on_step: Callable[[GuiStep], None] | None = None,
+    write_result: bool = True,
 ) -> GuiTrajectory:
     """One episode until `done`, a limit, three malformed actions or an error.
 
     The reward and verdict are the environment's (its judge). An exception (the model or
     the browser failing) ends the episode with `reason="error"` and no reward: it is
     recorded, not raised. With `out`, screenshots are written as they come and
-    `result.json` at the end; `on_step` sees each step as it is done (progress output).
+    `result.json` at the end (unless `write_result` is false: the caller decides).
+    `on_step` sees each step as it is done (progress output).
     """
     config = config or GuiAgentConfig()
     traj = GuiTrajectory(task, {"name": model.name}, asdict(config))
@@ -414,7 +416,7 @@ def run_episode(
         traj.reason, traj.reward = "error", None
         traj.error = f"{type(e).__name__}: {e}"
     traj.finished_at = time.time()
-    if out is not None:
+    if out is not None and write_result:
         save_result(traj, out)
     return traj
 

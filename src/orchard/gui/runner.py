@@ -179,7 +179,7 @@ def _episode(
         tdir.mkdir(parents=True, exist_ok=True)
         (tdir / "error.txt").write_text(traceback.format_exc())
         return _row(traj)
-    traj = run_episode(task, model, env, config)
+    traj = run_episode(task, model, env, config, tdir, write_result=False)
     tdir.mkdir(parents=True, exist_ok=True)
     if traj.error is None and env.sites_running:
         try:
