@@ -121,7 +121,9 @@ class Shop:
         words = f["q"].lower().split()
         text = " ".join([p["name"], p["brand"], p["category"], p["description"]]).lower()
         text += " " + self.data["categories"][p["category"]].lower()
-        text += " " + " ".join(f"{k} {v}" for k, v in p["specs"].items()).lower()
+        # A spec counts as a feature unless it says the product lacks it ("Noise cancelling: no").
+        specs = [f"{k} {v}" for k, v in p["specs"].items() if v not in ("no", "none")]
+        text += " " + " ".join(specs).lower()
         if any(w not in text for w in words):
             return False
         if f["category"] and p["category"] != f["category"]:
