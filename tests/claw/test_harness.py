@@ -112,12 +112,14 @@ def test_solving_model_passes_both_turns(claw_world: World, tmp_path: Path) -> N
             model,
             HarnessConfig(),
             path=path,
-            on_call=lambda s: seen.append(s.tool),
+            on_message=lambda m, s: seen.append(s.tool if s else m["role"]),
         )
     traj = t.trajectory
     assert traj.exit_status == "Completed" and traj.error is None
     assert t.grade.passed and t.grade.score == 1.0, t.grade.items
-    assert seen == ["todo_add", "todo_add"] and traj.model_calls == 4
+    turn = ["assistant", "todo_add", "assistant"]
+    assert seen == [*turn, "user", *turn]
+    assert traj.model_calls == 4
     assert traj.answer == "Added the name-tags to-do as well."
     roles = [m["role"] for m in traj.messages]
     turn1 = ["system", "user", "assistant", "tool", "assistant"]

@@ -192,7 +192,9 @@ def render_result(result: Any) -> str:
 
 # ---------------------------------------------------------------- the loop
 
-StepHook = Callable[[ToolStep], None]
+# Called with every message the episode appends after the opening two, and for a tool
+# result, its ToolStep: live output (the demo, a CLI) without a second pass over the episode.
+MessageHook = Callable[[dict[str, Any], ToolStep | None], None]
 
 
 def run_episode(
@@ -203,7 +205,7 @@ def run_episode(
     *,
     tools: list[dict[str, Any]] | None = None,
     path: Path | None = None,
-    on_call: StepHook | None = None,
+    on_message: MessageHook | None = None,
 ) -> ClawTrajectory:
     """Run one episode of `spec` against `world` (already seeded) until the model and the
     simulated user are done or a limit is hit. Errors of the model or the sandbox end the
@@ -212,7 +214,7 @@ def run_episode(
     traj = ClawTrajectory(
         spec.id, config.harness, {"name": model.name}, tools=tools, messages=_opening(spec, config)
     )
-    episode = _Episode(spec, model, world, config, traj, on_call)
+    episode = _Episode(spec, model, world, config, traj, on_message)
     while traj.exit_status is None:
         if traj.model_calls >= config.step_limit:
             traj.exit_status = "StepLimit"
@@ -245,15 +247,10 @@ class _Episode:
         world: ToolWorld,
         config: HarnessConfig,
         traj: ClawTrajectory,
-        on_call: StepHook | None,
+        on_message: MessageHook | None,
     ) -> None:
-        self.model, self.world, self.config, self.traj, self.on_call = (
-            model,
-            world,
-            config,
-            traj,
-            on_call,
-        )
+        self.model, self.world, self.config, self.traj = model, world, config, traj
+        self.on_message = on_message
         self.schemas = {t["function"]["name"]: t["function"] for t in traj.tools}
         self.follow_ups = list(spec.user.follow_ups) if spec.user else []
         self.deadline = time.monotonic() + config.wall_time_limit_s
@@ -266,12 +263,12 @@ class _Episode:
         self.traj.prompt_tokens += c.prompt_tokens
         self.traj.completion_tokens += c.completion_tokens
         message = {k: v for k, v in c.message.items() if k != "finish_reason"}
-        self.traj.messages.append(message)
+        self._append(message)
         calls = message.get("tool_calls") or []
         if not calls:
             self.traj.answer = str(message.get("content") or "")
             if self.follow_ups:
-                self.traj.messages.append({"role": "user", "content": self.follow_ups.pop(0)})
+                self._append({"role": "user", "content": self.follow_ups.pop(0)})
             else:
                 self.traj.exit_status = "Completed"
             return
@@ -296,11 +293,14 @@ class _Episode:
             step.result = f"error: {step.error}"
         step.duration_s = round(time.monotonic() - t0, 4)
         text, _ = truncate_output(step.result, self.config.output_limit_chars)
-        self.traj.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
         self.traj.calls.append(step)
-        if self.on_call is not None:
-            self.on_call(step)
+        self._append({"role": "tool", "tool_call_id": call_id, "content": text}, step)
         return step
+
+    def _append(self, message: dict[str, Any], step: ToolStep | None = None) -> None:
+        self.traj.messages.append(message)
+        if self.on_message is not None:
+            self.on_message(message, step)
 
     def _dispatch(self, tool: str, args: dict[str, Any]) -> Any:
         if tool == "sandbox_shell":  # a command may not outlive the episode's wall time

@@ -26,7 +26,7 @@ from orchard.claw.grading import Grade, RubricJudge, grade
 from orchard.claw.harness import (
     ClawTrajectory,
     HarnessConfig,
-    StepHook,
+    MessageHook,
     null_model,
     reference_model,
     run_episode,
@@ -72,11 +72,11 @@ def play(
     judge: RubricJudge | None = None,
     tools: list[dict[str, Any]] | None = None,
     path: Path | None = None,
-    on_call: StepHook | None = None,
+    on_message: MessageHook | None = None,
 ) -> Trial:
     """One graded trial: seed the world, run the harness, grade from audit log and state."""
     prepare(world, spec)
-    traj = run_episode(spec, model, world, config, tools=tools, path=path, on_call=on_call)
+    traj = run_episode(spec, model, world, config, tools=tools, path=path, on_message=on_message)
     audit, state = world.audit(), world.state()
     g = grade(spec, audit, state, traj.answer, traj.messages, judge)
     return Trial(traj, g, audit, state)
