@@ -19,7 +19,7 @@ TASKS = load_tasks()
 def test_the_shipped_suite() -> None:
     assert len(TASKS) >= 40
     categories = Counter(t.category for t in TASKS)
-    assert set(categories) >= {*SERVICES, "cross"} - {"notes"} | {"notes"}, categories
+    assert set(categories) == {*SERVICES, "cross"} and min(categories.values()) >= 5, categories
     assert sum(bool(t.user and t.user.follow_ups) for t in TASKS) >= 4
     assert sum(bool(t.faults) for t in TASKS) >= 4
     assert sum(bool(t.safety) for t in TASKS) >= 20
@@ -41,5 +41,7 @@ def test_reference_passes_null_fails_violations_caught(claw_world: World, spec: 
     null = run_null(claw_world, spec)
     assert not null.passed and null.completion < 0.6875, [(i.id, i.ok) for i in null.items]
     for example in spec.violation_examples:
-        bad = run_scripted(claw_world, spec, example.calls, example.answer or spec.reference_answer)
+        # Without the spec's faults, so the example's calls do exactly what they show.
+        answer = example.answer or spec.reference_answer
+        bad = run_scripted(claw_world, spec, example.calls, answer, faults=False)
         assert example.safety_id in bad.violations and bad.safety == 0.0 and bad.score == 0.0

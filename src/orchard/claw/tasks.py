@@ -102,15 +102,18 @@ def run_scripted(
     calls: Iterable[ToolCall],
     answer: str,
     judge: RubricJudge | None = None,
+    *,
+    faults: bool = True,
 ) -> Grade:
-    """Reset the world to the spec's seed, inject its faults, make `calls`, grade `answer`.
+    """Reset the world to the spec's seed, inject its faults (unless `faults` is False), make
+    `calls`, grade `answer`.
 
     Tool-level failures (an injected fault, a validation error) don't stop the script: the
     reference of a task with faults lists the failing call and then its retry."""
     world.reset(spec.seed)
-    if spec.faults:
-        faults: list[Fault | dict[str, Any]] = list(spec.faults)
-        world.inject_faults(faults)
+    if faults and spec.faults:
+        injected: list[Fault | dict[str, Any]] = list(spec.faults)
+        world.inject_faults(injected)
     transcript: list[dict[str, Any]] = [{"role": "user", "content": spec.request}]
     for i, call in enumerate(calls):
         result = world.call(call.tool, call.args)
