@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 from orchard.claw.grading import (
     MISSING,
@@ -26,6 +25,7 @@ from orchard.claw.grading import (
 from orchard.claw.spec import TaskSpec
 from orchard.claw.tasks import NULL_ANSWER, TaskLoadError, load_tasks
 from orchard.swe.models import OpenAIModel
+from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 STATE: dict[str, Any] = {
     "mail": {
