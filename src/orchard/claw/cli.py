@@ -258,6 +258,7 @@ def tasks_validate(
             "--run", help="Also check in a world: the reference passes, the null policy fails."
         ),
     ] = False,
+    label: LabelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Load and check specs (schema, tools, checks); --run also plays both scripted policies."""
@@ -266,9 +267,9 @@ def tasks_validate(
     if run_policies:
         from orchard.claw.synthesize import DraftError, check_draft
         from orchard.claw.world import World
-        from orchard.swe.cli import _client
+        from orchard.swe.cli import _client, _labels
 
-        with _client() as client, World.start(client) as world:
+        with _client() as client, World.start(client, labels=_labels(label)) as world:
             for s in specs:
                 try:
                     check_draft(world, s)
@@ -304,19 +305,20 @@ def synthesize(
     model_name: ModelNameOpt = "default",
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.8,
     examples: TasksOpt = None,
+    label: LabelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Draft task specs with an LLM; keep those whose reference passes and null policy fails."""
     from orchard.claw.synthesize import synthesize as run_synthesis
     from orchard.claw.world import World
-    from orchard.swe.cli import _client
+    from orchard.swe.cli import _client, _labels
     from orchard.swe.models import OpenAIModel
 
     shown = _load(examples)
     drafter = OpenAIModel(
         model, name=model_name, temperature=temperature, extra_body={"seed": seed}
     )
-    with _client() as client, World.start(client) as world:
+    with _client() as client, World.start(client, labels=_labels(label)) as world:
         report = run_synthesis(
             drafter, world, out, n=n, examples=shown, seed=seed, max_attempts=max_attempts
         )
