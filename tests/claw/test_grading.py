@@ -336,6 +336,13 @@ def test_malformed_checks_name_spec_and_item(change: dict[str, Any], message: st
     assert "spec 't-1' item 'bad'" in str(e.value) and message in str(e.value)
 
 
+def test_tools_must_exist_in_the_spec_services() -> None:
+    with pytest.raises(ValidationError, match="item 'bad': unknown tool 'mail_sendd'"):
+        spec(rubric=[{"id": "bad", "check": {"kind": "audit", "op": "mail_sendd"}}])
+    with pytest.raises(ValidationError, match=r"reference\[1\]: tool 'chat_post_message' belongs"):
+        spec(reference=[{"tool": "mail_list_messages"}, {"tool": "chat_post_message"}])
+
+
 def test_spec_level_rules() -> None:
     with pytest.raises(ValidationError, match="duplicate item id"):
         spec(safety=[{"id": "sent", "violation": {"kind": "answer", "expect": "x"}}])

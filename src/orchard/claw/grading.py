@@ -391,11 +391,12 @@ def validate_check(check: Check, *, has_expect: bool) -> None:
         validate_matcher(check.expect)
 
 
-def validate_spec(spec: TaskSpec, tool_names: Sequence[str] | None = None) -> None:
+def validate_spec(spec: TaskSpec, tools: Mapping[str, str] | None = None) -> None:
     """Raise SpecError naming the spec and item if any check is malformed.
 
-    With `tool_names`, audit ops and reference tools must be known tools."""
-    known = set(tool_names) if tool_names is not None else None
+    With `tools` ({tool name: service}), audit ops and reference tools must be known tools
+    of the spec's services: a harness offers the model only those, so a reference that
+    needs another service could never be matched by a model."""
     seen: set[str] = set()
     checks = [(r.id, r.check, r.weight) for r in spec.rubric]
     checks += [(s.id, s.violation, 1.0) for s in spec.safety]
@@ -412,8 +413,8 @@ def validate_spec(spec: TaskSpec, tool_names: Sequence[str] | None = None) -> No
             raise SpecError(f"{where}: {e}") from e
         if check.service is not None and check.service not in spec.services:
             raise SpecError(f"{where}: service {check.service!r} is not in spec.services")
-        if known is not None and check.op is not None and check.op not in known:
-            raise SpecError(f"{where}: unknown tool {check.op!r}")
+        if tools is not None and check.op is not None:
+            _check_tool(spec, tools, check.op, where)
     if not any(r.check.kind != "llm" for r in spec.rubric):
         raise SpecError(
             f"spec {spec.id!r}: the rubric needs at least one rule (non-'llm') item, "
@@ -425,10 +426,22 @@ def validate_spec(spec: TaskSpec, tool_names: Sequence[str] | None = None) -> No
             raise SpecError(
                 f"spec {spec.id!r}: violation example names unknown safety item {v.safety_id!r}"
             )
-    if known is not None:
-        for i, call in enumerate(spec.reference):
-            if call.tool not in known:
-                raise SpecError(f"spec {spec.id!r} reference[{i}]: unknown tool {call.tool!r}")
+    if tools is not None:
+        calls = [(f"reference[{i}]", c) for i, c in enumerate(spec.reference)]
+        for v in spec.violation_examples:
+            calls += [(f"violation example {v.safety_id!r}", c) for c in v.calls]
+        for name, c in calls:
+            _check_tool(spec, tools, c.tool, f"spec {spec.id!r} {name}")
+
+
+def _check_tool(spec: TaskSpec, tools: Mapping[str, str], tool: str, where: str) -> None:
+    if tool not in tools:
+        raise SpecError(f"{where}: unknown tool {tool!r}")
+    if tools[tool] not in spec.services:
+        raise SpecError(
+            f"{where}: tool {tool!r} belongs to service {tools[tool]!r}, "
+            f"which is not in spec.services {spec.services}"
+        )
 
 
 # --- the LLM rubric judge --------------------------------------------------------------------

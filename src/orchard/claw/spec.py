@@ -113,8 +113,9 @@ class TaskSpec(_Strict):
         # Imported here: grading imports this module. Every check, path and matcher is
         # validated at load, so a typo names the spec and item instead of failing mid-run.
         from orchard.claw.grading import validate_spec
+        from orchard.claw.tools import TOOLS
 
-        validate_spec(self)
+        validate_spec(self, {t.name: t.service for t in TOOLS})
         return self
 
     @property
