@@ -391,12 +391,13 @@ def validate_check(check: Check, *, has_expect: bool) -> None:
         validate_matcher(check.expect)
 
 
-def validate_spec(spec: TaskSpec, tools: Mapping[str, str] | None = None) -> None:
+def validate_spec(spec: TaskSpec, tools: Mapping[str, str] | Sequence[str] | None = None) -> None:
     """Raise SpecError naming the spec and item if any check is malformed.
 
     With `tools` ({tool name: service}), audit ops and reference tools must be known tools
     of the spec's services: a harness offers the model only those, so a reference that
-    needs another service could never be matched by a model."""
+    needs another service could never be matched by a model. A plain list of tool names
+    checks the names only. (`TaskSpec` runs this with the full catalogue on load.)"""
     seen: set[str] = set()
     checks = [(r.id, r.check, r.weight) for r in spec.rubric]
     checks += [(s.id, s.violation, 1.0) for s in spec.safety]
@@ -434,10 +435,12 @@ def validate_spec(spec: TaskSpec, tools: Mapping[str, str] | None = None) -> Non
             _check_tool(spec, tools, c.tool, f"spec {spec.id!r} {name}")
 
 
-def _check_tool(spec: TaskSpec, tools: Mapping[str, str], tool: str, where: str) -> None:
+def _check_tool(
+    spec: TaskSpec, tools: Mapping[str, str] | Sequence[str], tool: str, where: str
+) -> None:
     if tool not in tools:
         raise SpecError(f"{where}: unknown tool {tool!r}")
-    if tools[tool] not in spec.services:
+    if isinstance(tools, Mapping) and tools[tool] not in spec.services:
         raise SpecError(
             f"{where}: tool {tool!r} belongs to service {tools[tool]!r}, "
             f"which is not in spec.services {spec.services}"
