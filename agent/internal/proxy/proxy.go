@@ -2,6 +2,7 @@
 package proxy
 
 import (
+	"bytes"
 	"io"
 	"log"
 	"net"
@@ -16,6 +17,10 @@ import (
 )
 
 const prefix = "/proxy/"
+
+// smallBody is the largest request body read whole before forwarding (the service's own
+// threshold for keeping a Content-Length).
+const smallBody = 1 << 20
 
 // transport dials only loopback ports and never an HTTP proxy from the environment
 // (the sandbox's egress settings must not capture its own loopback traffic).
@@ -73,6 +78,18 @@ func serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hostPort := net.JoinHostPort("127.0.0.1", strconv.Itoa(t.port))
+	// Read a small body before the round trip. Otherwise the transport is still reading
+	// it (to see its EOF) when the server, flushing the response headers, discards and
+	// closes it; the transport then drops the upstream connection and the response body
+	// is lost (seen with servers that write headers and body apart, e.g. Python's).
+	if r.ContentLength > 0 && r.ContentLength <= smallBody {
+		buf, err := io.ReadAll(r.Body)
+		if err != nil {
+			api.WriteError(w, api.BadRequest("reading the request body: %v", err))
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(buf))
+	}
 	rp := &httputil.ReverseProxy{
 		Director: func(out *http.Request) {
 			out.URL.Scheme = "http"

@@ -393,3 +393,29 @@ func TestParseTarget(t *testing.T) {
 		}
 	}
 }
+
+// A backend that sends the headers and, a moment later, the body used to lose the body
+// now and then: the request body was still being read when the server discarded it.
+func TestBodySentApartFromHeaders(t *testing.T) {
+	body := strings.Repeat("y", 3000)
+	port := backend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		time.Sleep(time.Millisecond)
+		_, _ = io.WriteString(w, body)
+	}))
+	agent := newAgent(t)
+	for i := 0; i < 200; i++ {
+		resp, err := http.Post(fmt.Sprintf("%s/proxy/%d/x", agent.URL, port), "application/json", strings.NewReader(`{"a":1}`))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(got) != body {
+			t.Fatalf("request %d: read %d bytes, err %v", i, len(got), err)
+		}
+	}
+}
