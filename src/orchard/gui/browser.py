@@ -55,6 +55,9 @@ def chromium_command(viewport: tuple[int, int] = VIEWPORT) -> list[str]:
         "--disable-dev-shm-usage",  # /dev/shm is 64 MiB in a container
         "--disable-gpu",
         "--disable-smooth-scrolling",  # a scroll has landed when the wheel event is handled
+        # A page restored from the back/forward cache fires no `load`, so waiting for one
+        # after go_back (or on a tab showing such a page) would hang until the timeout.
+        "--disable-features=BackForwardCache",
         "--no-first-run",
         "--no-default-browser-check",
         "--disable-background-networking",
