@@ -27,6 +27,7 @@ from rich.table import Table
 
 from orchard.claw.cli import claw_app
 from orchard.env.errors import OrchardError
+from orchard.gui.cli import gui_app
 from orchard.swe.cli import swe_app
 from orchard.train.cli import train_app
 
@@ -70,6 +71,7 @@ app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(swe_app, name="swe")
 app.add_typer(train_app, name="train")
 app.add_typer(claw_app, name="claw")
+app.add_typer(gui_app, name="gui")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
 
