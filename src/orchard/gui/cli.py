@@ -19,7 +19,7 @@ gui_app = typer.Typer(
     help="Web tasks in a sandboxed browser: tasks, agent runs, judging, SFT export.",
     epilog="[bold]Examples[/bold]\n\n"
     "  orchard gui tasks\n\n"
-    "  orchard gui tasks --task shop-cheapest-mug --json\n\n"
+    "  orchard gui tasks --task shop-nordwind-shoe-42 --json\n\n"
     "  orchard gui run --model http://localhost:8000/v1 --model-name Qwen/Qwen2.5-VL-7B-Instruct "
     "--workers 4 --out runs/gui\n\n"
     "  orchard gui run --model replay:runs/gui --out runs/gui-replay --judge state\n\n"
