@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchard.claw.harness import HarnessConfig
-from orchard.claw.rollout import ClawEpisodeResult, ClawRolloutRunner
+from orchard.claw.rollout import ClawEpisodeResult, ClawRolloutRunner, claw_runner_factory
 from orchard.claw.runner import WorldPool
 from orchard.claw.world import World
-from orchard.train.bar import BARConfig, Outcome, bar_rollout
-from orchard.train.rollout import Generation, HFGenerator, episode_sampler
+from orchard.train.bar import Outcome
+from orchard.train.grpo import GRPORunConfig
+from orchard.train.rollout import BARRolloutFunc, Generation, reward_from_rollout
 from orchard.train.tiny import build_model, build_tokenizer
 
 from .test_harness import HOODIES, TAGS, TODO_SPEC
@@ -77,26 +78,54 @@ def test_solving_policy_is_rewarded_by_the_grade(claw_world: World, tokenizer: A
     assert idle.reward == pytest.approx(idle.payload.score - 0.75) and idle.reward < 0
 
 
-def test_bar_group_with_the_tiny_model(claw_world: World, tokenizer: Any) -> None:
-    model = build_model(tokenizer, seed=0)
-    gen = HFGenerator(model, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0)
-    runner = ClawRolloutRunner(
+def test_grpo_step_with_the_tiny_model(claw_world: World, tokenizer: Any, tmp_path: Path) -> None:
+    """One TRL GRPO step whose rollouts are BAR groups of Claw episodes, rewarded by grade."""
+    import importlib
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    cfg = GRPORunConfig(
+        model="tiny",
+        output_dir=str(tmp_path / "grpo"),
+        group_size=2,
+        max_samples=2,
+        stride=2,
+        max_steps=1,
+        max_tokens_per_turn=8,
+        learning_rate=1e-5,
+        save_steps=10,
+    )
+    # the task with the two search tools only: a short prompt keeps CPU sampling quick
+    short = TODO_SPEC.model_copy(update={"services": ["search"]})
+    factory = claw_runner_factory(
         shared(claw_world),
         tokenizer,
-        gen,
         HarnessConfig(step_limit=1),
         reward="score",
         max_new_tokens=8,
+        seed=0,
     )
-    cfg = BARConfig(group_size=2, max_samples=2, stride=2)
-    # the same task with the two search tools only: a short prompt keeps CPU sampling quick
-    short = TODO_SPEC.model_copy(update={"services": ["search"]})
-    with ThreadPoolExecutor(1) as pool:
-        res = bar_rollout(episode_sampler(runner, short, pool), cfg)
-    assert len(res.group) == 2 and res.generated == 2
+    rollout = BARRolloutFunc([short], factory, cfg.bar(), max_replacements=0, concurrency=1)
+    trainer_cls: Any = importlib.import_module("trl.trainer.grpo_trainer").GRPOTrainer
+    trainer = trainer_cls(
+        model=build_model(tokenizer, seed=0),
+        reward_funcs=reward_from_rollout,
+        args=cfg.grpo_config(),
+        train_dataset=rollout.prompts_dataset(),
+        processing_class=tokenizer,
+        rollout_func=rollout,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1
+    (res,) = rollout.results
+    assert len(res.group) == 2 and rollout.stats.episodes == 2
+    rewards = []
     for ep in res.group:
         r = ep.payload
         assert isinstance(r, ClawEpisodeResult) and r.error is None, r
         assert ep.outcome in (Outcome.SUBMITTED, Outcome.LIMIT)
         assert r.grade and ep.reward == pytest.approx(r.score - 0.75)
-        assert r.record.turns >= 1 and ep.length == sum(r.record.env_mask) > 0
+        assert r.record.turns == 1 and ep.length == sum(r.record.env_mask) > 0
+        rewards.append(ep.reward)
+    logged = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    assert logged == [pytest.approx(sum(rewards) / 2)]

@@ -23,7 +23,7 @@ from orchard.claw.harness import HarnessConfig, tool_schemas
 from orchard.claw.runner import WorldPool, play
 from orchard.claw.spec import TaskSpec
 from orchard.train.bar import Episode, Outcome, RewardConfig
-from orchard.train.rollout import EpisodeResult, Generator, HFGenerator, PolicyModel
+from orchard.train.rollout import EpisodeResult, Generator, PolicyModel, trainer_generator
 
 _OUTCOMES = {
     "Completed": Outcome.SUBMITTED,
@@ -107,19 +107,10 @@ def claw_runner_factory(
     """For `BARRolloutFunc`: runners sampling from the trainer's current weights."""
 
     def make(trainer: Any) -> ClawRolloutRunner:
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        gen = HFGenerator(
-            model,
-            tokenizer.eos_token_id,
-            tokenizer.pad_token_id,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-        )
         return ClawRolloutRunner(
             worlds,
             tokenizer,
-            gen,
+            trainer_generator(trainer, tokenizer, temperature=temperature, top_p=top_p, seed=seed),
             config or HarnessConfig(),
             reward,
             max_new_tokens=max_new_tokens,

@@ -459,6 +459,26 @@ class BARRolloutFunc:
         return out
 
 
+def trainer_generator(
+    trainer: Any,
+    tokenizer: Any,
+    *,
+    temperature: float = 0.95,
+    top_p: float = 0.95,
+    seed: int | None = None,
+) -> HFGenerator:
+    """A generator over a TRL trainer's model as it is now (for a `runner_factory`)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return HFGenerator(
+        model,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+    )
+
+
 def hf_runner_factory(
     client: Orchard,
     tokenizer: Any,
@@ -473,19 +493,10 @@ def hf_runner_factory(
     """Runners that sample from the trainer's current model (its weights at this step)."""
 
     def make(trainer: Any) -> EpisodeRunner:
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        gen = HFGenerator(
-            model,
-            tokenizer.eos_token_id,
-            tokenizer.pad_token_id,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-        )
         return EpisodeRunner(
             client,
             tokenizer,
-            gen,
+            trainer_generator(trainer, tokenizer, temperature=temperature, top_p=top_p, seed=seed),
             agent_config,
             reward or RewardConfig(),
             max_new_tokens,
