@@ -195,11 +195,12 @@ class Mail:
             f'<a class="button" href="{esc(req.url("/compose", forward=m["id"]))}">Forward</a>'
             + button(star, label)
             + button("unread", "Mark as unread")
-            + button("delete", "&#128465; Delete", "danger")
+            + button("delete", "Delete", "danger")
             + f'<form style="display:inline-flex;gap:6px;align-items:center" method="get"'
             f' action="{esc(req.url("/message/" + m["id"] + "/move"))}">'
             '<label for="move" style="margin:0">Move to</label>'
-            f'<select id="move" name="folder" style="width:auto">{options_html(moves, "")}'
+            '<select id="move" name="folder" style="width:auto">'
+            f"{options_html(moves, '', 'Choose a folder')}"
             '</select><button type="submit" class="light">Move</button></form>'
         )
         cc = f"<br><b>Cc:</b> {esc(m['cc'])}" if m["cc"] else ""

@@ -77,6 +77,7 @@ input[type=text], input[type=number], input[type=email], select, textarea {
   font: inherit; padding: 7px 9px; border: 2px solid #8a8f98; border-radius: 6px;
   width: 100%; background: #fff; }
 header input[type=text] { width: 360px; }
+header button { background: #fff; color: #1d1d1f; border-color: #fff; }
 textarea { min-height: 180px; }
 button, .button { display: inline-block; font: inherit; font-weight: bold; padding: 8px 18px;
   border: 2px solid #1a4fa0; border-radius: 6px; background: #2563c9; color: #fff;
