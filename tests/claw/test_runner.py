@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,24 +120,16 @@ def test_broken_world_is_retried_on_resume(claw_client: Orchard, tmp_path: Path)
     def no_world() -> World:
         raise WorldError("the services did not start")
 
-    s = run_trials(
-        claw_client,
-        [TODO_SPEC],
-        model_factory("reference"),
-        HarnessConfig(),
-        tmp_path,
-        world_start=no_world,
-    )
+    def replay(start: Callable[[], World]) -> dict[str, Any]:
+        factory = model_factory("reference")
+        return run_trials(
+            claw_client, [TODO_SPEC], factory, HarnessConfig(), tmp_path, world_start=start
+        )
+
+    s = replay(no_world)
     assert s["trials"] == 0 and "the services did not start" in s["errors"][0]
     assert read_results(tmp_path) == []
-    s = run_trials(
-        claw_client,
-        [TODO_SPEC],
-        model_factory("reference"),
-        HarnessConfig(),
-        tmp_path,
-        world_start=world_starter(claw_client, {"c3": "runner"}),
-    )
+    s = replay(world_starter(claw_client, {"c3": "runner"}))
     assert s["trials"] == 1 and s["passed"] == 1 and s["errors"] == []
 
 
