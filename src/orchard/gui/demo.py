@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from orchard.gui.harness import GuiAgentConfig, GuiStep, model_params, run_episode
 from orchard.gui.types import WebTask
 from orchard.swe.models import Completion, Mode, Model, OpenAIModel, TokenUsage
 
-DEMO_TASK = "shop-nordwind-shoe-42"  # search, add to cart, done; else the shortest shop one
+DEMO_TASK = "shop-black-backpack-25l"  # add to cart, check out, done; else the shortest shop one
 
 
 def tool_message(name: str, args: dict[str, Any], thought: str, n: int = 0) -> dict[str, Any]:
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def show(s: GuiStep) -> None:
         mark = "" if s.valid else " [red](refused)[/red]"
-        console.print(f"[bold]{s.step:>2}[/bold] {s.action}{mark}", markup=True)
+        console.print(f"[bold]{s.step:>2}[/bold] {escape(s.action)}{mark}")
         console.print(f"     url: {s.url}\n     feedback: {s.feedback}", markup=False)
 
     t0 = time.monotonic()
