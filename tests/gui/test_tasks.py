@@ -61,7 +61,7 @@ def test_webvoyager_bad_rows_name_the_line(tmp_path: Path) -> None:
     with pytest.raises(TaskLoadError, match=r"wv\.jsonl:line 2: not valid JSON"):
         load_webvoyager(path)
     write_jsonl(path, [good, good])
-    with pytest.raises(TaskLoadError, match="duplicate task id 'A--0'"):
+    with pytest.raises(TaskLoadError, match="duplicate task id\\(s\\) 'A--0'"):
         load_webvoyager(path)
     write_jsonl(path, [good, ["a", "list"]])
     with pytest.raises(TaskLoadError, match=r"line 2: a task is a JSON object"):

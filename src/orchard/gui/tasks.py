@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -88,11 +89,9 @@ def _host(url: str) -> str:
 
 
 def _unique(tasks: list[WebTask], path: Path) -> list[WebTask]:
-    seen: set[str] = set()
-    for t in tasks:
-        if t.id in seen:
-            raise TaskLoadError(f"{path}: duplicate task id {t.id!r}")
-        seen.add(t.id)
+    repeated = sorted(i for i, n in Counter(t.id for t in tasks).items() if n > 1)
+    if repeated:
+        raise TaskLoadError(f"{path}: duplicate task id(s) {', '.join(map(repr, repeated))}")
     return tasks
 
 

@@ -8,9 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .sitekit import Request, Response, error_page, esc, options_html, page, redirect
+from .sitekit import Request, Response, SiteBase, esc, options_html, redirect
 
-COLOUR = "#1c5fb8"
 ADDRESS = re.compile(r"^[^@\s<>,;]+@[^@\s<>,;]+\.[^@\s<>,;]+$")
 VIRTUAL = ("Starred", "Sent", "Drafts")
 
@@ -27,10 +26,12 @@ def addresses(text: str) -> list[str]:
     return out
 
 
-class Mail:
+class Mail(SiteBase):
+    colour = "#1c5fb8"
+
     def __init__(self, data_dir: Path) -> None:
         self.data: dict[str, Any] = json.loads((data_dir / "mail.json").read_text())
-        self.site = self.data["name"]
+        self.name = self.data["name"]
         self.reset()
 
     def reset(self) -> None:
@@ -86,19 +87,11 @@ class Mail:
             f'<nav class="panel side"><a class="button" href="{esc(req.url("/compose"))}">'
             f"&#9998; Compose</a><ul style='list-style:none;padding:0'>{links}</ul></nav>"
         )
-        return page(
-            req,
-            title=title,
-            site=self.site,
-            colour=COLOUR,
-            nav=[("Inbox", "/"), ("Compose", "/compose")],
-            body=f'<div class="layout">{side}<div class="grow">{body}</div></div>',
-            search="/search",
-            query=query,
-        )
+        framed = f'<div class="layout">{side}<div class="grow">{body}</div></div>'
+        return super().render(req, title, framed, query)
 
-    def error(self, req: Request, status: int, message: str) -> Response:
-        return error_page(req, self.site, COLOUR, status, message)
+    def nav(self) -> list[tuple[str, str]]:
+        return [("Inbox", "/"), ("Compose", "/compose")]
 
     def find_folder(self, name: str) -> str | None:
         folders: list[str] = [*self.data["folders"], *VIRTUAL]
@@ -150,33 +143,35 @@ class Mail:
         )
 
     def sent_list(self, req: Request) -> Response:
-        rows = "".join(
-            f'<tr><td>{esc(", ".join(s["to"]))}</td><td><a href="{esc(req.url(f"/sent/{i}"))}">'
-            f"{esc(s['subject'] or '(no subject)')}</a></td></tr>"
-            for i, s in enumerate(self.sent)
-        )
-        notice = '<div class="notice">Your message was sent.</div>' if req.get("sent") else ""
-        body = f'{notice}<div class="panel"><h1>Sent</h1>' + (
-            f"<table><tr><th>To</th><th>Subject</th></tr>{rows}</table></div>"
-            if rows
-            else "<p>No sent messages.</p></div>"
-        )
-        return self.render(req, "Sent", body)
+        links = [req.url(f"/sent/{i}") for i in range(len(self.sent))]
+        notice = "Your message was sent." if req.get("sent") else ""
+        return self.outbox(req, "Sent", self.sent, links, notice)
 
     def draft_list(self, req: Request) -> Response:
+        links = [req.url("/compose", draft=i) for i in range(len(self.drafts))]
+        return self.outbox(
+            req, "Drafts", self.drafts, links, "Draft saved." if req.get("saved") else ""
+        )
+
+    def outbox(
+        self, req: Request, title: str, msgs: list[dict[str, Any]], links: list[str], notice: str
+    ) -> Response:
+        """Sent messages or drafts: recipients and subjects, each linking to `links[i]`."""
         rows = "".join(
-            f'<tr><td>{esc(", ".join(d["to"]))}</td><td><a href="'
-            f'{esc(req.url("/compose", draft=i))}">'
-            f"{esc(d['subject'] or '(no subject)')}</a></td></tr>"
-            for i, d in enumerate(self.drafts)
+            f'<tr><td>{esc(", ".join(m["to"]))}</td><td><a href="{esc(link)}">'
+            f"{esc(m['subject'] or '(no subject)')}</a></td></tr>"
+            for m, link in zip(msgs, links, strict=True)
         )
-        notice = '<div class="notice">Draft saved.</div>' if req.get("saved") else ""
-        body = f'{notice}<div class="panel"><h1>Drafts</h1>' + (
-            f"<table><tr><th>To</th><th>Subject</th></tr>{rows}</table></div>"
-            if rows
-            else "<p>No drafts.</p></div>"
+        body = (f'<div class="notice">{esc(notice)}</div>' if notice else "") + (
+            f'<div class="panel"><h1>{esc(title)}</h1>'
+            + (
+                f"<table><tr><th>To</th><th>Subject</th></tr>{rows}</table>"
+                if rows
+                else "<p>Nothing here yet.</p>"
+            )
+            + "</div>"
         )
-        return self.render(req, "Drafts", body)
+        return self.render(req, title, body)
 
     # ------------------------------------------------------------------ one message
 

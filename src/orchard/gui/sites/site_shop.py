@@ -11,10 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .sitekit import Request, Response, error_page, esc, options_html, page, redirect
+from .sitekit import Request, Response, SiteBase, esc, options_html, redirect
 
-SITE = "Orchard Shop"
-COLOUR = "#b3541e"
 SORTS = [
     ("relevance", "Relevance"),
     ("price_asc", "Price: low to high"),
@@ -36,7 +34,10 @@ def _float(text: str) -> float | None:
         return None
 
 
-class Shop:
+class Shop(SiteBase):
+    name = "Orchard Shop"
+    colour = "#b3541e"
+
     def __init__(self, data_dir: Path) -> None:
         self.data: dict[str, Any] = json.loads((data_dir / "shop.json").read_text())
         self.products: dict[str, dict[str, Any]] = {p["id"]: p for p in self.data["products"]}
@@ -84,22 +85,9 @@ class Shop:
             return self.order_page(req, path.removeprefix("/order/"))
         return self.error(req, 404, "Page not found.")
 
-    def render(self, req: Request, title: str, body: str, query: str = "") -> Response:
+    def nav(self) -> list[tuple[str, str]]:
         n = sum(line["qty"] for line in self.cart)
-        nav = [("All products", "/search"), (f"Cart ({n})", "/cart"), ("Orders", "/orders")]
-        return page(
-            req,
-            title=title,
-            site=SITE,
-            colour=COLOUR,
-            nav=nav,
-            body=body,
-            search="/search",
-            query=query,
-        )
-
-    def error(self, req: Request, status: int, message: str) -> Response:
-        return error_page(req, SITE, COLOUR, status, message)
+        return [("All products", "/search"), (f"Cart ({n})", "/cart"), ("Orders", "/orders")]
 
     # ------------------------------------------------------------------ browsing
 

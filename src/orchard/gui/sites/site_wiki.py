@@ -11,9 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .sitekit import Request, Response, error_page, esc, page, redirect
+from .sitekit import Request, Response, SiteBase, esc, redirect
 
-COLOUR = "#3b4a5a"
 LINK = re.compile(r"\[\[([^|\]]+)(?:\|([^\]]+))?\]\]")
 
 
@@ -22,10 +21,12 @@ def plain(text: str) -> str:
     return LINK.sub(lambda m: m.group(2) or m.group(1), text)
 
 
-class Wiki:
+class Wiki(SiteBase):
+    colour = "#3b4a5a"
+
     def __init__(self, data_dir: Path) -> None:
         self.data: dict[str, Any] = json.loads((data_dir / "wiki.json").read_text())
-        self.site = self.data["name"]
+        self.name = self.data["name"]
         self.reset()
 
     def reset(self) -> None:
@@ -64,21 +65,8 @@ class Wiki:
             return routes[path](req)
         return self.error(req, 404, "There is no page at this address.")
 
-    def render(self, req: Request, title: str, body: str, query: str = "") -> Response:
-        nav = [("Main page", "/"), ("All articles", "/all"), ("Watchlist", "/watchlist")]
-        return page(
-            req,
-            title=title,
-            site=self.site,
-            colour=COLOUR,
-            nav=nav,
-            body=body,
-            search="/search",
-            query=query,
-        )
-
-    def error(self, req: Request, status: int, message: str) -> Response:
-        return error_page(req, self.site, COLOUR, status, message)
+    def nav(self) -> list[tuple[str, str]]:
+        return [("Main page", "/"), ("All articles", "/all"), ("Watchlist", "/watchlist")]
 
     def html_text(self, req: Request, text: str) -> str:
         def link(m: re.Match[str]) -> str:

@@ -126,18 +126,36 @@ def page(
     return Response(200, doc.encode())
 
 
-def error_page(req: Request, site: str, colour: str, status: int, message: str) -> Response:
-    resp = page(
-        req,
-        title="Error",
-        site=site,
-        colour=colour,
-        nav=[("Home", "/")],
-        body=f'<div class="error">{esc(message)}</div>'
-        '<p><a href="javascript:history.back()">Go back</a></p>',
-    )
-    resp.status = status
-    return resp
+class SiteBase:
+    """What the sites share: a name, a header colour and links, and the page frame."""
+
+    name = ""
+    colour = "#333"
+
+    def nav(self) -> list[tuple[str, str]]:
+        return [("Home", "/")]
+
+    def render(self, req: Request, title: str, body: str, query: str = "") -> Response:
+        return page(
+            req,
+            title=title,
+            site=self.name,
+            colour=self.colour,
+            nav=self.nav(),
+            body=body,
+            search="/search",
+            query=query,
+        )
+
+    def error(self, req: Request, status: int, message: str) -> Response:
+        resp = self.render(
+            req,
+            "Error",
+            f'<div class="error">{esc(message)}</div>'
+            '<p><a href="javascript:history.back()">Go back</a></p>',
+        )
+        resp.status = status
+        return resp
 
 
 def options_html(pairs: list[tuple[str, str]], selected: str, blank: str | None = None) -> str:
