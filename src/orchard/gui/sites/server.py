@@ -106,16 +106,24 @@ def make_handler(sites: Sites) -> type[BaseHTTPRequestHandler]:
             self.dispatch("HEAD")
 
         def dispatch(self, method: str) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                self.send(Response(413, b"request body too large", "text/plain"))
-                return
+            try:
+                resp = self.route(method)
+            except Exception as e:  # a bug answers 500 and the server keeps serving
+                resp = Response(500, f"internal error: {type(e).__name__}".encode(), "text/plain")
+            self.send(resp, head=method == "HEAD")
+
+        def route(self, method: str) -> Response:
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                return Response(400, b"bad Content-Length", "text/plain")
+            if not 0 <= length <= MAX_BODY:
+                return Response(413, b"request body too large", "text/plain")
             body = self.rfile.read(length).decode("utf-8", "replace") if length else ""
             split = urlsplit(self.path)
             path = split.path or "/"
             if path.startswith("/__orchard/"):
-                self.send(self.hidden(method, path))
-                return
+                return self.hidden(method, path)
             params = parse_params(split.query, body)
             host = (self.headers.get("Host") or "").split(":")[0].lower()
             name = HOSTS.get(host)
@@ -123,11 +131,10 @@ def make_handler(sites: Sites) -> type[BaseHTTPRequestHandler]:
             if name is None:
                 first, _, rest = path.lstrip("/").partition("/")
                 if first not in sites.sites:
-                    self.send(index_page() if path == "/" else Response(404, b"not found"))
-                    return
+                    return index_page() if path == "/" else Response(404, b"not found")
                 name, base, path = first, "/" + first, "/" + rest
             req = Request("GET" if method == "HEAD" else method, path, params, base)
-            self.send(sites.handle(name, req), head=method == "HEAD")
+            return sites.handle(name, req)
 
         def hidden(self, method: str, path: str) -> Response:
             if path == "/__orchard/health" and method in ("GET", "HEAD"):
