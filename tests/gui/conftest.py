@@ -37,11 +37,10 @@ def gui_client(
         agent_binary=str(agent_binary),
         extra_labels=_test_labels(pytestconfig),
     )
-    client = Orchard(service_config=config)
     try:
-        yield client
+        with Orchard(service_config=config) as client:
+            yield client
     finally:
-        client.close()
         shutil.rmtree(state, ignore_errors=True)
 
 

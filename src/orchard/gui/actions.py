@@ -82,26 +82,24 @@ class ActionSpec:
     params: tuple[Param, ...] = field(default_factory=tuple)
 
 
-def _x(desc: str = "Horizontal position", required: bool = True, name: str = "x") -> Param:
+def _coord(axis: str, desc: str, required: bool = True, name: str | None = None) -> Param:
+    edge = "left" if axis == "x" else "top"
     return Param(
-        name,
+        name or axis,
         "integer",
-        f"{desc} on a 0-{GRID} grid over the viewport (0 = left edge).",
+        f"{desc} on a 0-{GRID} grid over the viewport (0 = {edge} edge).",
         required,
         minimum=0,
         maximum=GRID,
     )
+
+
+def _x(desc: str = "Horizontal position", required: bool = True, name: str = "x") -> Param:
+    return _coord("x", desc, required, name)
 
 
 def _y(desc: str = "Vertical position", required: bool = True, name: str = "y") -> Param:
-    return Param(
-        name,
-        "integer",
-        f"{desc} on a 0-{GRID} grid over the viewport (0 = top edge).",
-        required,
-        minimum=0,
-        maximum=GRID,
-    )
+    return _coord("y", desc, required, name)
 
 
 _ID = Param(
