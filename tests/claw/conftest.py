@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +10,7 @@ import pytest
 from orchard import Orchard
 from orchard.claw.world import World
 from orchard.env import images
-from orchard.env.config import ServiceConfig
-from tests.swe.conftest import _test_labels
+from tests.swe.conftest import embedded_client
 
 
 @pytest.fixture(scope="session")
@@ -27,16 +24,8 @@ def claw_client(
     claw_image: str, agent_binary: Path, pytestconfig: pytest.Config
 ) -> Iterator[Orchard]:
     """An in-process service whose sandboxes carry the test labels (cleaned up at the end)."""
-    state = Path(tempfile.mkdtemp(prefix="orch-claw-"))
-    config = ServiceConfig(
-        state_dir=state, agent_binary=str(agent_binary), extra_labels=_test_labels(pytestconfig)
-    )
-    client = Orchard(service_config=config)
-    try:
+    with embedded_client(pytestconfig, agent_binary, "orch-claw-") as client:
         yield client
-    finally:
-        client.close()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,17 +37,25 @@ def _test_labels(config: pytest.Config) -> dict[str, str]:
     raise RuntimeError(f"{root} is not loaded")
 
 
-@pytest.fixture(scope="session")
-def swe_client(
-    swe_images: dict[str, str], agent_binary: Path, pytestconfig: pytest.Config
-) -> Iterator[Orchard]:
-    """An in-process service whose sandboxes carry the test labels (cleaned up at the end)."""
-    state = Path(tempfile.mkdtemp(prefix="orch-swe-"))
-    labels = _test_labels(pytestconfig)
-    config = ServiceConfig(state_dir=state, agent_binary=str(agent_binary), extra_labels=labels)
-    client = Orchard(service_config=config)
+@contextmanager
+def embedded_client(config: pytest.Config, agent_binary: Path, prefix: str) -> Iterator[Orchard]:
+    """An in-process service whose sandboxes carry the test labels; its state folder (named
+    `prefix`...) is removed at the end."""
+    state = Path(tempfile.mkdtemp(prefix=prefix))
+    labels = _test_labels(config)
+    service = ServiceConfig(state_dir=state, agent_binary=str(agent_binary), extra_labels=labels)
+    client = Orchard(service_config=service)
     try:
         yield client
     finally:
         client.close()
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def swe_client(
+    swe_images: dict[str, str], agent_binary: Path, pytestconfig: pytest.Config
+) -> Iterator[Orchard]:
+    """An in-process service whose sandboxes carry the test labels (cleaned up at the end)."""
+    with embedded_client(pytestconfig, agent_binary, "orch-swe-") as client:
+        yield client
