@@ -1,10 +1,12 @@
-"""Batch runs over REAL browsers (two workers, one browser each), resume, re-judging of the
-saved run (the state checker offline, an LLM judge over the fake server) and SFT export.
-The model is the fake OpenAI-compatible server (a named fake) playing scripted replies."""
+"""Batch runs over REAL browsers (two workers, one browser each, shared by the module's
+batches), resume, replay, re-judging of the saved run (the state checker offline, an LLM
+judge over the fake server) and SFT export. The model is the fake OpenAI-compatible server
+(a named fake) playing scripted replies."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,17 @@ import pytest
 
 from orchard import Orchard
 from orchard.gui.checks import StateJudge
+from orchard.gui.env import BrowserEnv
 from orchard.gui.harness import GuiAgentConfig
 from orchard.gui.judges import WebVoyagerJudge
-from orchard.gui.runner import evaluate, export_sft, model_factory, run_batch, task_dir
+from orchard.gui.runner import (
+    EnvPool,
+    evaluate,
+    export_sft,
+    model_factory,
+    run_batch,
+    task_dir,
+)
 from orchard.gui.tasks import sample_tasks
 from orchard.gui.types import WebTask
 from orchard.swe.models import OpenAIModel
@@ -45,9 +55,16 @@ def two_tasks() -> tuple[WebTask, list[dict[str, Any]], WebTask]:
 
 
 @pytest.fixture(scope="module")
+def envs(gui_client: Orchard, browser_image: str) -> Iterator[EnvPool]:
+    """Two browsers (one per worker) for the module's batches, graded by the state checker."""
+    with EnvPool(lambda: BrowserEnv(gui_client, image=browser_image, judge=StateJudge()), 2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
 def run_dir(
     gui_client: Orchard,
-    browser_image: str,
+    envs: EnvPool,
     two_tasks: tuple[WebTask, list[dict[str, Any]], WebTask],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
@@ -60,9 +77,7 @@ def run_dir(
     cfg = GuiAgentConfig()
     with scripted_server(plans) as server:
         factory = model_factory(server.base_url, cfg, name="fake-vlm")
-        summary = run_batch(
-            gui_client, [solved, other], factory, cfg, out, judge=StateJudge(), workers=2
-        )
+        summary = run_batch(gui_client, [solved, other], factory, cfg, out, envs=envs)
         assert len(server.requests) == len(actions) + 1
         # tools were offered on every request
         assert all(r["body"]["tools"] == cfg.tools() for r in server.requests)
@@ -103,6 +118,7 @@ def test_resume_skips_finished_tasks(
 
 def test_replay_of_a_saved_run(
     gui_client: Orchard,
+    envs: EnvPool,
     run_dir: Path,
     two_tasks: tuple[WebTask, list[dict[str, Any]], WebTask],
     tmp_path: Path,
@@ -110,7 +126,7 @@ def test_replay_of_a_saved_run(
     solved, actions, _ = two_tasks
     cfg = GuiAgentConfig()
     factory = model_factory(f"replay:{run_dir}", cfg)
-    summary = run_batch(gui_client, [solved], factory, cfg, tmp_path, judge=StateJudge())
+    summary = run_batch(gui_client, [solved], factory, cfg, tmp_path, envs=envs)
     assert summary["success"] == 1
     res = json.loads((task_dir(tmp_path, solved.id) / "result.json").read_text())
     assert len(res["action_history"]) == len(actions)

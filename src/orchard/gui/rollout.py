@@ -68,7 +68,7 @@ class GuiRolloutRunner:
 
     def __init__(
         self,
-        envs: EnvPool[Episode[EpisodeResult]],
+        envs: EnvPool,
         tokenizer: Any,
         generator: Generator,
         agent_config: GuiAgentConfig | None = None,
@@ -140,7 +140,7 @@ class GuiRunnerFactory:
         self.tokenizer, self.agent_config = tokenizer, agent_config
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.max_new_tokens = max_new_tokens
-        self.envs: EnvPool[Episode[EpisodeResult]] = EnvPool(
+        self.envs: EnvPool = EnvPool(
             lambda: BrowserEnv(client, config=env_config, judge=judge), workers
         )
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 
@@ -77,7 +77,7 @@ def model_factory(
     return lambda task: OpenAIModel(spec, name=name, **p)
 
 
-class EnvPool(Generic[T]):
+class EnvPool:
     """`workers` threads, each owning one environment made lazily by `make_env` in that
     thread and closed by it at `close()`; `submit(fn)` runs `fn(env)` on a free one."""
 
@@ -131,7 +131,7 @@ class EnvPool(Generic[T]):
         for t in self._threads:
             t.join()
 
-    def __enter__(self) -> EnvPool[T]:
+    def __enter__(self) -> EnvPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -259,8 +259,13 @@ def run_batch(
     redo: bool = False,
     console: Console | None = None,
     labels: dict[str, str] | None = None,
+    envs: EnvPool | None = None,
 ) -> dict[str, Any]:
-    """The agent over `tasks`, `workers` browsers at once; writes results and summary.json."""
+    """The agent over `tasks`, `workers` browsers at once; writes results and summary.json.
+
+    `envs` runs the batch on the caller's environments instead (their judge and config
+    apply; they stay open for the next batch).
+    """
     from orchard.gui.env import BrowserEnv, EnvConfig
 
     out.mkdir(parents=True, exist_ok=True)
@@ -274,7 +279,7 @@ def run_batch(
     elif config.som:
         cfg.som = True
     rows: list[dict[str, Any]] = []
-    pool: EnvPool[dict[str, Any]] = EnvPool(
+    pool = envs or EnvPool(
         lambda: BrowserEnv(client, config=cfg, judge=judge), min(workers, max(1, len(todo)))
     )
     with _progress(console) as progress:
@@ -297,7 +302,8 @@ def run_batch(
             run.cleanup()  # running episodes fail fast once their sandbox is gone
             raise
         finally:
-            pool.close()
+            if pool is not envs:
+                pool.close()
     return summarise(tasks, out)
 
 
