@@ -1,11 +1,14 @@
 """Files: a shared drive held in memory as {absolute path: text}; folders are implied."""
 
+from __future__ import annotations
+
 import posixpath
+from typing import Any
 
-from common import Service, ToolError
+from .common import Item, Service, ToolError
 
 
-def _norm(path, arg):
+def _norm(path: Any, arg: str) -> str:
     if not isinstance(path, str) or not path.startswith("/"):
         raise ToolError(f"argument '{arg}': {path!r} must be an absolute path like /docs/plan.md")
     clean = posixpath.normpath(path)
@@ -15,29 +18,30 @@ def _norm(path, arg):
 class Files(Service):
     name = "files"
 
-    def __init__(self, fixture):
+    def __init__(self, fixture: Item) -> None:
         super().__init__(fixture)
         self.data.setdefault("files", {})
 
     @property
-    def _files(self):
-        return self.data["files"]
+    def _files(self) -> dict[str, str]:
+        files: dict[str, str] = self.data["files"]
+        return files
 
-    def _is_dir(self, path):
+    def _is_dir(self, path: str) -> bool:
         prefix = path.rstrip("/") + "/"
         return path == "/" or any(p.startswith(prefix) for p in self._files)
 
-    def _under(self, path):
+    def _under(self, path: str) -> list[str]:
         prefix = path.rstrip("/") + "/"
         return sorted(p for p in self._files if p.startswith(prefix))
 
-    def files_list(self, path="/"):
+    def files_list(self, path: str = "/") -> Item:
         path = _norm(path, "path")
         if path in self._files:
             raise ToolError(f"argument 'path': {path} is a file; use files_read")
         if not self._is_dir(path):
             raise ToolError(f"no folder {path}", 404)
-        entries = {}
+        entries: dict[str, Item] = {}
         for p in self._under(path):
             rest = p[len(path.rstrip("/")) + 1 :]
             head = rest.split("/", 1)[0]
@@ -53,14 +57,14 @@ class Files(Service):
                 }
         return {"path": path, "entries": [entries[k] for k in sorted(entries)]}
 
-    def files_read(self, path):
+    def files_read(self, path: str) -> Item:
         path = _norm(path, "path")
         if path not in self._files:
             hint = " (it is a folder; use files_list)" if self._is_dir(path) else ""
             raise ToolError(f"no file {path}{hint}", 404)
         return {"path": path, "content": self._files[path]}
 
-    def files_write(self, path, content):
+    def files_write(self, path: str, content: str) -> Item:
         path = _norm(path, "path")
         if path == "/" or self._is_dir(path):
             raise ToolError(f"argument 'path': {path} is a folder")
@@ -68,7 +72,7 @@ class Files(Service):
         self._files[path] = content
         return {"path": path, "size": len(content.encode()), "created": created}
 
-    def files_move(self, src, dst):
+    def files_move(self, src: str, dst: str) -> Item:
         src, dst = _norm(src, "src"), _norm(dst, "dst")
         if dst in self._files or (dst != "/" and self._is_dir(dst)):
             raise ToolError(f"argument 'dst': {dst} already exists", 409)
@@ -83,7 +87,7 @@ class Files(Service):
             self._files[dst + p[len(src) :]] = self._files.pop(p)
         return {"src": src, "dst": dst, "type": "dir"}
 
-    def files_delete(self, path):
+    def files_delete(self, path: str) -> Item:
         path = _norm(path, "path")
         if path in self._files:
             del self._files[path]
@@ -95,7 +99,7 @@ class Files(Service):
             del self._files[p]
         return {"path": path, "deleted": len(gone)}
 
-    def files_search(self, query):
+    def files_search(self, query: str) -> Item:
         needle, hits = query.lower(), []
         for path in sorted(self._files):
             lines = [
