@@ -263,22 +263,35 @@ def chat_delta(
     return [*out, {"role": "user", "content": _user_content(text, image)}]
 
 
-def _resolve(messages: list[dict[str, Any]], root: dict[str, bytes]) -> list[dict[str, Any]]:
-    """Image parts naming a screenshot file become `data:` URLs (what the endpoint reads)."""
+def map_images(
+    messages: list[dict[str, Any]], fn: Callable[[str], dict[str, Any] | None]
+) -> list[dict[str, Any]]:
+    """A copy of `messages` whose image parts `fn` rewrote: it gets the part's URL (a
+    screenshot's file path in a stored prompt) and returns the new part, or None to keep it."""
     out = []
     for m in messages:
         content = m.get("content")
         if isinstance(content, list):
             parts = []
             for p in content:
-                url = p.get("image_url", {}).get("url", "") if p.get("type") == "image_url" else ""
-                if url in root:
-                    data = base64.b64encode(root[url]).decode()
-                    p = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+                if p.get("type") == "image_url":
+                    p = fn(p["image_url"]["url"]) or p
                 parts.append(p)
             m = {**m, "content": parts}
         out.append(m)
     return out
+
+
+def _resolve(messages: list[dict[str, Any]], shots: dict[str, bytes]) -> list[dict[str, Any]]:
+    """Image parts naming a screenshot file become `data:` URLs (what the endpoint reads)."""
+
+    def data_url(path: str) -> dict[str, Any] | None:
+        if path not in shots:
+            return None
+        data = base64.b64encode(shots[path]).decode()
+        return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+
+    return map_images(messages, data_url)
 
 
 # ---------------------------------------------------------------- replies

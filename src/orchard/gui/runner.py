@@ -31,6 +31,7 @@ from rich.console import Console
 from orchard.gui.harness import (
     GuiAgentConfig,
     GuiTrajectory,
+    map_images,
     model_params,
     run_episode,
     save_result,
@@ -366,20 +367,12 @@ def _file_images(
     messages: list[dict[str, Any]], tdir: Path, images: list[str]
 ) -> list[dict[str, Any]]:
     """Image parts as files: `{"type": "image", "image": <absolute path>}`, collected."""
-    out = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            parts = []
-            for p in content:
-                if p.get("type") == "image_url":
-                    path = str((tdir / p["image_url"]["url"]).resolve())
-                    images.append(path)
-                    p = {"type": "image", "image": path}
-                parts.append(p)
-            m = {**m, "content": parts}
-        out.append(m)
-    return out
+
+    def as_file(url: str) -> dict[str, Any]:
+        images.append(str((tdir / url).resolve()))
+        return {"type": "image", "image": images[-1]}
+
+    return map_images(messages, as_file)
 
 
 def export_sft(
