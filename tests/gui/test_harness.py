@@ -19,6 +19,7 @@ from orchard.gui.harness import (
     GuiAgentConfig,
     GuiStep,
     GuiTrajectory,
+    chat_delta,
     latest_prompt,
     model_params,
     parse_reply,
@@ -67,6 +68,21 @@ def test_latest_prompt_has_one_screenshot_and_a_text_history() -> None:
     body = msgs[1]["content"]
     assert isinstance(body, str) and "Accessibility tree:\n- heading 'Welcome'" in body
     assert "(1 earlier steps not shown)" in body and "Step 1:" not in body
+
+
+def test_chat_context_grows_one_conversation() -> None:
+    cfg = GuiAgentConfig(context="chat")
+    first = chat_delta(TASK, OBS, None, "trajectory/0_full_screenshot.png", cfg)
+    assert [m["role"] for m in first] == ["system", "user"]
+    assert first[1]["content"][0]["text"].startswith("Task: Find the cheapest mug\n\nCurrent page:")
+    reply = {"role": "assistant", "content": "", "tool_calls": [{"id": "c7", "function": {}}]}
+    step = GuiStep(1, "", "go_back()", True, "went back", "u", "trajectory/1_full_screenshot.png")
+    tool, user = chat_delta(TASK, OBS, (reply, step), step.screenshot, cfg)
+    assert tool == {"role": "tool", "tool_call_id": "c7", "content": "went back"}
+    assert user["content"][1]["image_url"]["url"] == step.screenshot
+    # a reply without a call gets the result in the user turn (no dangling tool message)
+    (user,) = chat_delta(TASK, OBS, ({"role": "assistant", "content": "hm"}, step), "s", cfg)
+    assert user["content"][0]["text"].startswith("Result: went back\n\nCurrent page:")
 
 
 def test_tools_offered() -> None:

@@ -180,7 +180,12 @@ def _episode(
         tdir.mkdir(parents=True, exist_ok=True)
         (tdir / "error.txt").write_text(traceback.format_exc())
         return _row(traj)
-    traj = run_episode(task, model, env, config, tdir, write_result=False)
+    try:
+        traj = run_episode(task, model, env, config, tdir, write_result=False)
+    finally:
+        close = getattr(model, "close", None)  # an endpoint client holds connections
+        if callable(close):
+            close()
     tdir.mkdir(parents=True, exist_ok=True)
     if traj.error is None and env.sites_running:
         try:
