@@ -25,6 +25,7 @@ from typing import Any, Self
 import httpx
 
 from orchard import Orchard
+from orchard.claw.services.common import ToolError, check
 from orchard.claw.spec import Fault
 from orchard.claw.tools import BY_NAME, SANDBOX_SERVICE, ToolSpec
 from orchard.env.sdk import Sandbox
@@ -203,9 +204,10 @@ class World:
         return ToolResult(False, error=str(message or body), status=r.status_code)
 
     def _sandbox_tool(self, spec: ToolSpec, args: dict[str, Any]) -> ToolResult:
-        problem = _check_args(spec, args)
-        if problem:
-            return ToolResult(False, error=problem, status=400)
+        try:  # the same validator the services use
+            check(args, spec.parameters, "arguments")
+        except ToolError as e:
+            return ToolResult(False, error=e.message, status=400)
         opts: dict[str, Any] = {"user": AGENT_USER, "cwd": HOME, "env": {"HOME": HOME}}
         if spec.name == "sandbox_shell":
             r = self._sb.exec(
@@ -276,23 +278,3 @@ class World:
         if timeout_delay_s is not None:
             body["timeout_delay_s"] = timeout_delay_s
         self._admin("POST", "faults", body)
-
-
-def _check_args(spec: ToolSpec, args: dict[str, Any]) -> str | None:
-    """The few checks the sandbox tools need (string/integer arguments only)."""
-    props: dict[str, Any] = spec.parameters["properties"]
-    for key in spec.parameters.get("required", []):
-        if key not in args:
-            return f"missing required argument '{key}'"
-    for key, value in args.items():
-        if key not in props:
-            return f"unknown argument '{key}' (expected: {', '.join(props)})"
-        want = props[key]["type"]
-        good = isinstance(value, str) if want == "string" else type(value) is int
-        if not good:
-            return f"argument '{key}' must be {'a string' if want == 'string' else 'an integer'}"
-        if want == "integer" and not props[key].get("minimum", value) <= value <= props[key].get(
-            "maximum", value
-        ):
-            return f"argument '{key}' is out of range"
-    return None

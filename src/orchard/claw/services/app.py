@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from .common import Item, Service, ToolError
+from .common import Item, Service, ToolError, check
 from .svc_calendar import Calendar
 from .svc_chat import Chat
 from .svc_contacts import Contacts
@@ -34,57 +34,12 @@ HERE = Path(__file__).resolve().parent
 SERVICES: dict[str, type[Service]] = {
     cls.name: cls for cls in (Mail, Calendar, Contacts, Files, Notes, Chat, Search)
 }
-TYPES: dict[str, type | tuple[type, ...]] = {
-    "string": str,
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "array": list,
-    "object": dict,
-}
 MAX_BODY = 4 << 20
 
 
 def load_catalog() -> dict[str, Item]:
     tools: list[Item] = json.loads((HERE / "catalog.json").read_text())["tools"]
     return {t["name"]: t for t in tools if t["service"] in SERVICES}
-
-
-def check(value: Any, schema: Item, where: str) -> None:
-    """Validate `value` against the small JSON-schema subset catalog.json uses."""
-    kind: str = schema.get("type", "")
-    ok = isinstance(value, TYPES[kind]) if kind else True
-    if ok and kind in ("integer", "number") and isinstance(value, bool):
-        ok = False
-    if not ok:
-        raise ToolError(f"argument '{where}' must be {'an' if kind[0] in 'aeio' else 'a'} {kind}")
-    if "enum" in schema and value not in schema["enum"]:
-        raise ToolError(f"argument '{where}' must be one of {', '.join(map(str, schema['enum']))}")
-    if kind == "string" and len(value) < schema.get("minLength", 0):
-        raise ToolError(f"argument '{where}' must not be empty")
-    if kind in ("integer", "number") and not (
-        schema.get("minimum", value) <= value <= schema.get("maximum", value)
-    ):
-        raise ToolError(
-            f"argument '{where}' must be between {schema.get('minimum', '-inf')}"
-            f" and {schema.get('maximum', 'inf')}"
-        )
-    if kind == "array":
-        if len(value) < schema.get("minItems", 0):
-            raise ToolError(f"argument '{where}' needs at least {schema['minItems']} item(s)")
-        for n, item in enumerate(value):
-            check(item, schema.get("items", {}), f"{where}[{n}]")
-    if kind == "object" and "properties" in schema:
-        props = schema["properties"]
-        for key in schema.get("required", []):
-            if key not in value:
-                raise ToolError(f"missing required argument '{key}'")
-        for key, item in value.items():
-            if key not in props:
-                raise ToolError(
-                    f"unknown argument '{key}' (expected: {', '.join(props) or 'none'})"
-                )
-            check(item, props[key], key)
 
 
 class World:

@@ -1,4 +1,5 @@
-"""Shared bits of the mock services: tool errors, deterministic ids and a simulated clock."""
+"""Shared bits of the mock services: tool errors, argument validation against catalog.json's
+schemas (also used by the host for the sandbox tools), deterministic ids, a simulated clock."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from typing import Any
 
 DEFAULT_NOW = "2026-03-04T10:00"
 Item = dict[str, Any]
+TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+}
 
 
 class ToolError(Exception):
@@ -59,6 +68,43 @@ def fmt_time(value: dt.datetime) -> str:
 def contains(haystacks: Iterable[Any], needle: str) -> bool:
     needle = needle.lower()
     return any(needle in str(h).lower() for h in haystacks if h is not None)
+
+
+def check(value: Any, schema: Item, where: str) -> None:
+    """Validate `value` against the small JSON-schema subset catalog.json uses."""
+    kind: str = schema.get("type", "")
+    ok = isinstance(value, TYPES[kind]) if kind else True
+    if ok and kind in ("integer", "number") and isinstance(value, bool):
+        ok = False
+    if not ok:
+        raise ToolError(f"argument '{where}' must be {'an' if kind[0] in 'aeio' else 'a'} {kind}")
+    if "enum" in schema and value not in schema["enum"]:
+        raise ToolError(f"argument '{where}' must be one of {', '.join(map(str, schema['enum']))}")
+    if kind == "string" and len(value) < schema.get("minLength", 0):
+        raise ToolError(f"argument '{where}' must not be empty")
+    if kind in ("integer", "number") and not (
+        schema.get("minimum", value) <= value <= schema.get("maximum", value)
+    ):
+        raise ToolError(
+            f"argument '{where}' must be between {schema.get('minimum', '-inf')}"
+            f" and {schema.get('maximum', 'inf')}"
+        )
+    if kind == "array":
+        if len(value) < schema.get("minItems", 0):
+            raise ToolError(f"argument '{where}' needs at least {schema['minItems']} item(s)")
+        for n, item in enumerate(value):
+            check(item, schema.get("items", {}), f"{where}[{n}]")
+    if kind == "object" and "properties" in schema:
+        props = schema["properties"]
+        for key in schema.get("required", []):
+            if key not in value:
+                raise ToolError(f"missing required argument '{key}'")
+        for key, item in value.items():
+            if key not in props:
+                raise ToolError(
+                    f"unknown argument '{key}' (expected: {', '.join(props) or 'none'})"
+                )
+            check(item, props[key], key)
 
 
 class Service:
