@@ -12,6 +12,7 @@ the server.
 
 from __future__ import annotations
 
+import json
 import secrets
 import shlex
 import time
@@ -56,8 +57,6 @@ class ToolResult:
 
     def to_text(self) -> str:
         """What a harness shows the model: the JSON result, or `error: ...`."""
-        import json
-
         return json.dumps(self.result, ensure_ascii=False) if self.ok else f"error: {self.error}"
 
 

@@ -10,6 +10,7 @@ lives in memory; /admin/reset reloads fixtures.
 from __future__ import annotations
 
 import argparse
+import copy
 import hmac
 import json
 import sys
@@ -108,7 +109,7 @@ class World:
                     "status": status,
                     "ok": ok,
                     "fault": fault,
-                    "result": result,
+                    "result": copy.deepcopy(result),  # later changes must not rewrite history
                 }
             )
 
@@ -182,13 +183,15 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/health":
             return self.send_json(200, {"ok": True, "services": sorted(SERVICES)})
         if self.is_admin() and path == "/admin/audit":
-            with self.world.lock:
-                return self.send_json(200, list(self.world.audit))
+            with self.world.lock:  # copy under the lock, send outside it
+                entries = list(self.world.audit)
+            return self.send_json(200, entries)
         if self.is_admin() and path == "/admin/state":
             return self.send_json(200, self.world.state())
         if self.is_admin() and path == "/admin/faults":
             with self.world.lock:
-                return self.send_json(200, {k: v for k, v in self.world.faults.items() if v})
+                pending = {k: list(v) for k, v in self.world.faults.items() if v}
+            return self.send_json(200, pending)
         self.send_json(404, {"ok": False, "error": f"no route GET {path}"})
 
     def do_POST(self) -> None:
