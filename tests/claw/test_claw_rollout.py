@@ -10,14 +10,13 @@ import pytest
 
 from orchard.claw.harness import HarnessConfig
 from orchard.claw.rollout import ClawEpisodeResult, ClawRolloutRunner, claw_runner_factory
-from orchard.claw.runner import WorldPool
 from orchard.claw.world import World
 from orchard.train.bar import Outcome
 from orchard.train.grpo import GRPORunConfig
 from orchard.train.rollout import BARRolloutFunc, Generation, reward_from_rollout
 from orchard.train.tiny import build_model, build_tokenizer
 
-from .test_harness import HOODIES, TAGS, TODO_SPEC
+from .test_harness import HOODIES, TAGS, TODO_SPEC, shared
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +39,6 @@ def call_text(name: str, args: dict[str, Any]) -> str:
     import json
 
     return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args)}}}\n</tool_call>'
-
-
-def shared(world: World) -> WorldPool:
-    """A pool over the module's world (the test never closes the pool)."""
-    return WorldPool(lambda: world)
 
 
 def test_solving_policy_is_rewarded_by_the_grade(claw_world: World, tokenizer: Any) -> None:

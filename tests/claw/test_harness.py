@@ -15,7 +15,7 @@ from orchard.claw.harness import (
     reference_model,
     tool_schemas,
 )
-from orchard.claw.runner import play
+from orchard.claw.runner import WorldPool, play
 from orchard.claw.spec import TaskSpec
 from orchard.claw.world import World
 from orchard.swe.models import OpenAIModel
@@ -72,6 +72,11 @@ TODO_SPEC = TaskSpec.model_validate(
 )
 HOODIES = {"title": "Order team hoodies", "due": "2026-03-06", "priority": "high"}
 TAGS = {"title": "Print the name tags", "priority": "low"}
+
+
+def shared(world: World) -> WorldPool:
+    """A pool over the module's world, left open (the fixture closes it)."""
+    return WorldPool(lambda: world)
 
 
 def raw_call(name: str, arguments: str, call_id: str = "call_1") -> dict[str, Any]:

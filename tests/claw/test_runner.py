@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +13,19 @@ import pytest
 from orchard import Orchard
 from orchard.claw.harness import HarnessConfig, null_model, reference_model
 from orchard.claw.runner import (
+    WorldPool,
     export_sft,
     model_factory,
     read_results,
     regrade,
     run_trials,
-    world_starter,
 )
 from orchard.claw.spec import TaskSpec
 from orchard.claw.world import World, WorldError
 from orchard.swe.models import Model
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
-from .test_harness import HOODIES, TAGS, TODO_SPEC, calls
+from .test_harness import HOODIES, TAGS, TODO_SPEC, calls, shared
 
 # The same task with a reference that does nothing: every replay of it fails.
 BROKEN_SPEC = TODO_SPEC.model_copy(
@@ -43,9 +42,8 @@ def solving_script() -> list[Reply]:
     ]
 
 
-def test_run_resume_regrade_export(claw_client: Orchard, claw_image: str, tmp_path: Path) -> None:
+def test_run_resume_regrade_export(claw_client: Orchard, claw_world: World, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    start = world_starter(claw_client, {"c3": "runner"})
 
     def run(url: str, k: int) -> dict[str, Any]:
         return run_trials(
@@ -55,7 +53,7 @@ def test_run_resume_regrade_export(claw_client: Orchard, claw_image: str, tmp_pa
             HarnessConfig(),
             out,
             k=k,
-            world_start=start,
+            worlds=shared(claw_world),
         )
 
     with FakeOpenAIServer(solving_script()) as server:
@@ -104,7 +102,7 @@ def test_mixed_trials_two_workers(claw_client: Orchard, tmp_path: Path) -> None:
         tmp_path,
         k=3,
         workers=2,
-        world_start=world_starter(claw_client, {"c3": "runner"}),
+        labels={"c3": "runner"},  # two fresh worlds, closed at the end
     )
     assert s["trials"] == 6 and s["tasks"] == 2
     todo = [r for r in read_results(tmp_path) if r["task_id"] == TODO_SPEC.id]
@@ -116,20 +114,22 @@ def test_mixed_trials_two_workers(claw_client: Orchard, tmp_path: Path) -> None:
     assert 0.0 < s["mean_score"] < 1.0
 
 
-def test_broken_world_is_retried_on_resume(claw_client: Orchard, tmp_path: Path) -> None:
+def test_broken_world_is_retried_on_resume(
+    claw_client: Orchard, claw_world: World, tmp_path: Path
+) -> None:
     def no_world() -> World:
         raise WorldError("the services did not start")
 
-    def replay(start: Callable[[], World]) -> dict[str, Any]:
+    def replay(worlds: WorldPool) -> dict[str, Any]:
         factory = model_factory("reference")
         return run_trials(
-            claw_client, [TODO_SPEC], factory, HarnessConfig(), tmp_path, world_start=start
+            claw_client, [TODO_SPEC], factory, HarnessConfig(), tmp_path, worlds=worlds
         )
 
-    s = replay(no_world)
+    s = replay(WorldPool(no_world))
     assert s["trials"] == 0 and "the services did not start" in s["errors"][0]
     assert read_results(tmp_path) == []
-    s = replay(world_starter(claw_client, {"c3": "runner"}))
+    s = replay(shared(claw_world))
     assert s["trials"] == 1 and s["passed"] == 1 and s["errors"] == []
 
 

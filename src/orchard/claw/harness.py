@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from orchard.claw.spec import TaskSpec
+from orchard.claw.world import HOME
 from orchard.swe.harness import truncate_output
 from orchard.swe.models import Completion, Mode, Model, TokenUsage
 
 FORMAT = "orchard-claw-trajectory/1"
 HarnessKind = Literal["tools", "assistant"]
 HARNESSES: tuple[HarnessKind, ...] = ("tools", "assistant")
-WORKSPACE = "/home/claw"
 SYSTEM_PROMPTS: dict[HarnessKind, str] = {
     "tools": (
         "You are a personal assistant with access to the user's productivity tools "
@@ -41,7 +41,7 @@ SYSTEM_PROMPTS: dict[HarnessKind, str] = {
     "assistant": (
         "You are a general assistant working on the user's computer. Besides the "
         "productivity tools you can run shell commands and read and write files in the "
-        f"workspace {WORKSPACE}. Use the tools to do what the user asks; look things up "
+        f"workspace {HOME}. Use the tools to do what the user asks; look things up "
         "rather than guess. Never take an action the user did not ask for. When you are "
         "done, reply to the user without calling a tool."
     ),

@@ -210,9 +210,12 @@ def run_trials(
     redo: bool = False,
     console: Console | None = None,
     labels: dict[str, str] | None = None,
-    world_start: Callable[[], World] | None = None,
+    worlds: WorldPool | None = None,
 ) -> dict[str, Any]:
-    """k trials of every task; writes trajectories, results.jsonl and summary.json."""
+    """k trials of every task; writes trajectories, results.jsonl and summary.json.
+
+    Worlds come from `worlds` (the caller's pool, left open) or from a pool of fresh ones
+    (closed at the end)."""
     tasks = list(tasks)
     out.mkdir(parents=True, exist_ok=True)
     if redo:
@@ -220,15 +223,18 @@ def run_trials(
     done = {(r["task_id"], r["trial"]) for r in read_results(out)}
     lock = threading.Lock()
     errors: list[str] = []
-    worlds = WorldPool(world_start or world_starter(client, labels))
+    own = worlds is None
+    pool = worlds if worlds is not None else WorldPool(world_starter(client, labels))
 
     def job(spec: TaskSpec, j: int) -> Callable[[_Run], dict[str, Any]]:
         def fn(run: _Run) -> dict[str, Any]:
+            if run.stop.is_set():  # interrupted before it started: leave it for resume
+                return {"task_id": spec.id, "passed": False}
             traj_path, world_path = trial_paths(out, spec.id, j)
             tools = tool_schemas(spec, config.harness)
             model = factory(spec, tools)
             try:
-                with worlds.lease() as world:
+                with pool.lease() as world:
                     t = play(world, spec, model, config, judge=judge, tools=tools, path=traj_path)
             except Exception as e:  # infrastructure, not the model: run again on resume
                 errors.append(f"{spec.id}#{j}: {type(e).__name__}: {e}")
@@ -253,7 +259,8 @@ def run_trials(
     try:
         _pool(client, jobs, workers, "claw run", status, console, labels)
     finally:
-        worlds.close()
+        if own:
+            pool.close()
     ids = {s.id for s in tasks}
     rows = [r for r in read_results(out) if r["task_id"] in ids and r["trial"] < k]
     return write_summary(out, k, rows, {"errors": errors})
