@@ -61,6 +61,8 @@ def test_bad_options_are_one_line_errors(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "needs a model URL" in r.stderr
     r = cli("gui", "run", "--model", "http://x/v1", "--out", str(tmp_path), "--observation", "x")
     assert r.exit_code == 1 and "--observation must be image or text" in r.stderr
+    r = cli("gui", "run", "--model", "http://x/v1", "--out", str(tmp_path), "--egress", "some")
+    assert r.exit_code == 1 and "--egress must be none or all" in r.stderr
 
 
 def test_run_resume_eval_export(gui_client: Orchard, browser_image: str, tmp_path: Path) -> None:

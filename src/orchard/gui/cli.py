@@ -160,13 +160,28 @@ def run(
     ),
     max_steps: Annotated[int, typer.Option(min=1, help="Steps per episode.")] = 30,
     max_seconds: Annotated[float, typer.Option(help="Wall time per episode.")] = 1200.0,
+    egress: Annotated[
+        str,
+        typer.Option(help="The browser's network: none (the offline sites only) or all."),
+    ] = "none",
+    allow: Annotated[
+        list[str] | None,
+        typer.Option("--allow", help="Only these hosts/CIDRs may be reached (repeatable)."),
+    ] = None,
     judge: JudgeOpt = "state",
     judge_url: JudgeUrlOpt = None,
     judge_model: JudgeNameOpt = "default",
     redo: Annotated[bool, typer.Option("--redo", help="Run finished tasks again.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the agent on every task, judge each episode; writes result.json per task."""
+    """Run the agent on every task, judge each episode; writes result.json per task.
+
+    The browser is offline by default: the shipped tasks run on sites inside its sandbox.
+    Tasks on the live web (WebVoyager, Online-Mind2Web) need `--egress all` or `--allow`.
+    """
+    from pydantic import ValidationError
+
+    from orchard.env.models import NetworkPolicy
     from orchard.gui.env import EnvConfig
     from orchard.gui.harness import GuiAgentConfig
     from orchard.gui.runner import model_factory, run_batch
@@ -180,7 +195,11 @@ def run(
         factory = model_factory(model, cfg, name=model_name)
     except ValueError as e:
         raise _fail(str(e)) from e
-    env_cfg = EnvConfig(max_steps=max_steps, max_seconds=max_seconds)
+    try:
+        network = NetworkPolicy(egress="allow" if allow else egress, allow=allow or [])  # type: ignore[arg-type]
+    except ValidationError as e:
+        raise _fail(f"--egress must be none or all ({e.errors()[0]['msg']})") from e
+    env_cfg = EnvConfig(max_steps=max_steps, max_seconds=max_seconds, network=network)
     with _client() as client:
         summary = run_batch(
             client,
