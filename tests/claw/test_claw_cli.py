@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from orchard.claw.tasks import load_tasks
 from orchard.cli import app
+from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 ORCHARD = str(Path(sys.executable).with_name("orchard"))
 
@@ -77,6 +79,18 @@ def test_run_eval_export(env: dict[str, str], tmp_path: Path) -> None:
     # in a world: each reference solution passes, the null policy fails
     report = json.loads(claw("tasks", "validate", "--run", *tasks, *labels, "--json", env=env))
     assert report == {"tasks": 2, "ok": 2, "problems": {}}
+
+
+def test_synthesize(env: dict[str, str], tmp_path: Path) -> None:
+    draft = {**load_tasks()[0].model_dump(mode="json"), "id": "c3-cli-draft"}
+    with FakeOpenAIServer([Reply(content=json.dumps(draft))]) as server:
+        args = ["synthesize", "--model", server.base_url, "--n", "1", "--seed", "3"]
+        out = claw(*args, "--out", str(tmp_path), "--label", "claw-test=cli", "--json", env=env)
+    report = json.loads(out)
+    assert report["accepted"] == ["c3-cli-draft"] and report["attempts"] == 1
+    body = server.requests[0]["body"]
+    assert body["seed"] == 3 and body["temperature"] == 0.8
+    assert [s.id for s in load_tasks(tmp_path)] == ["c3-cli-draft"]
 
 
 def test_mcp_is_a_pass_through() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from orchard import Orchard
+from orchard.claw.grading import LLMRubricJudge
 from orchard.claw.harness import HarnessConfig, null_model, reference_model
 from orchard.claw.runner import (
     WorldPool,
@@ -20,9 +21,9 @@ from orchard.claw.runner import (
     regrade,
     run_trials,
 )
-from orchard.claw.spec import TaskSpec
+from orchard.claw.spec import RubricItem, TaskSpec
 from orchard.claw.world import World, WorldError
-from orchard.swe.models import Model
+from orchard.swe.models import Model, OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 from .test_harness import HOODIES, TAGS, TODO_SPEC, calls, shared
@@ -78,6 +79,22 @@ def test_run_resume_regrade_export(claw_client: Orchard, claw_world: World, tmp_
     # regrading the saved trials gives the same grades
     again = regrade([TODO_SPEC], out, k=2)
     assert again["passed"] == 2 and again["mean_score"] == second["mean_score"]
+    # a rubric that gained an llm item: unscored without a judge, scored by one on regrade
+    asked = {"id": "polite", "check": {"kind": "llm", "question": "Was the reply polite?"}}
+    judged = TODO_SPEC.model_copy(
+        update={"rubric": [*TODO_SPEC.rubric, RubricItem.model_validate(asked)]}
+    )
+    regrade([judged], out, k=2)
+    assert all(r["no_score_items"] == ["polite"] for r in read_results(out))
+    verdicts = [Reply(content="NO. It was curt."), Reply(content="YES. Friendly enough.")]
+    with FakeOpenAIServer(verdicts) as server:
+        judge = LLMRubricJudge(OpenAIModel(server.base_url, name="judge", max_retries=0))
+        s = regrade([judged], out, k=2, judge=judge)
+    by_trial = {r["trial"]: r for r in read_results(out)}
+    assert [i["ok"] for i in by_trial[0]["items"] if i["id"] == "polite"] == [False]
+    assert [i["ok"] for i in by_trial[1]["items"] if i["id"] == "polite"] == [True]
+    assert s["passed"] == 2 and s["mean_score"] < second["mean_score"]
+    regrade([TODO_SPEC], out, k=2)
     sft = tmp_path / "sft.jsonl"
     assert export_sft(out, sft) == 2
     row = json.loads(sft.read_text().splitlines()[0])
