@@ -150,6 +150,23 @@ def test_broken_world_is_retried_on_resume(
     assert s["trials"] == 1 and s["passed"] == 1 and s["errors"] == []
 
 
+def test_endpoint_failure_is_retried_on_resume(
+    claw_client: Orchard, claw_world: World, tmp_path: Path
+) -> None:
+    def run(script: list[Reply]) -> dict[str, Any]:
+        with FakeOpenAIServer(script) as server:
+            factory = model_factory(server.base_url, params={"max_retries": 0})
+            worlds = shared(claw_world)
+            return run_trials(
+                claw_client, [TODO_SPEC], factory, HarnessConfig(), tmp_path, worlds=worlds
+            )
+
+    s = run([Reply(status=400)])
+    assert s["trials"] == 0 and s["errors"][0].startswith(f"{TODO_SPEC.id}#0: ModelError")
+    s = run(solving_script())
+    assert s["trials"] == 1 and s["passed"] == 1 and s["errors"] == []
+
+
 def test_model_factory_rejects_unknown_specs() -> None:
     with pytest.raises(ValueError, match="http"):
         model_factory("gpt-4")

@@ -31,6 +31,9 @@ from orchard.swe.models import Completion, Mode, Model, TokenUsage
 FORMAT = "orchard-claw-trajectory/1"
 HarnessKind = Literal["tools", "assistant"]
 HARNESSES: tuple[HarnessKind, ...] = ("tools", "assistant")
+# How an episode can end on its own; any other exit status is the name of an exception
+# (the endpoint or the sandbox failed), which says nothing about the model.
+FINISHED = ("Completed", "StepLimit", "TimeLimit", "RepeatedToolErrors")
 SYSTEM_PROMPTS: dict[HarnessKind, str] = {
     "tools": (
         "You are a personal assistant with access to the user's productivity tools "

@@ -3,7 +3,9 @@
 Each worker thread holds one `World` (one sandbox running the mock services) and resets it
 to the task's seed before every trial, so a trial costs a reset, not a sandbox start. Runs
 resume: a (task, trial) whose result is in `results.jsonl` is skipped; a trial that broke
-on infrastructure (not the model) writes no result and is run again next time.
+on infrastructure (a world that did not start, an endpoint or sandbox that failed: not the
+model's doing) writes no result, is listed in the summary's `errors` and runs again next
+time.
 
 Layout of `out/`:
     results.jsonl                    one line per finished trial: its grade and stats
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchard.claw.grading import Grade, RubricJudge, grade
 from orchard.claw.harness import (
+    FINISHED,
     ClawTrajectory,
     HarnessConfig,
     MessageHook,
@@ -242,6 +245,9 @@ def run_trials(
             finally:
                 getattr(model, "close", lambda: None)()
             row = result_row(spec, j, model.name, t)
+            if t.trajectory.exit_status not in FINISHED:  # endpoint or sandbox failure
+                errors.append(f"{spec.id}#{j}: {t.trajectory.exit_status}: {t.trajectory.error}")
+                return row
             if run.stop.is_set():
                 return row
             world_path.write_text(json.dumps({"audit": t.audit, "state": t.state}, default=str))
