@@ -7,7 +7,7 @@ AGENT_BIN  := build/orchard-agent
 AGENT_SRC  := $(shell find agent -name "*.go" -not -name "*_test.go") agent/go.mod
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup agent lint test test-go test-py demo demo-env bench clean help
+.PHONY: setup agent lint test test-go test-py demo demo-env demo-gui demo-claw bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -50,6 +50,12 @@ demo: setup  ## Orchard's main job in miniature: SWE tasks solved, graded, tabul
 
 demo-env: setup  ## a narrated tour of Orchard Env (sandboxes, exec, files, egress)
 	$(PY) -m orchard.demo
+
+demo-gui: setup  ## one browser episode on the offline shop, judged from the site's state
+	$(PY) -m orchard.gui.demo
+
+demo-claw: setup  ## one productivity task through the tool-calling harness, graded
+	$(PY) -m orchard.claw.demo
 
 bench: setup  ## benchmarks (not part of make test); e.g. BENCH_ARGS="--quick" or "--n 200 --only stress,exec"
 	$(PY) bench/run_all.py $(BENCH_ARGS)
