@@ -224,7 +224,7 @@ def test_audit_count_bounds() -> None:
     two = [entry(i, "mail_send_message", {"to": ["a@acme.example"]}) for i in (1, 2)]
     g = grade(s, two, STATE, "")
     assert [i.ok for i in g.items] == [False, True]
-    assert g.items[0].reason == "2 matching mail_send_message call(s), want [1, 1]"
+    assert g.items[0].reason == "2 mail_send_message calls (want exactly 1)"
 
 
 def test_audit_where_on_result_and_service_filter() -> None:

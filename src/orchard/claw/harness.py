@@ -4,7 +4,8 @@ Both are the same loop (`run_episode`): the model gets the task's service tools 
 function schemas (the assistant harness adds `sandbox_shell`, `sandbox_read_file` and
 `sandbox_write_file`, which the world runs in its sandbox as uid 1000); every tool call is
 answered with a `tool` message; a reply without tool calls ends the user's turn, and the simulated
-user (`spec.user.follow_ups`) then sends the next follow-up until none is left. Step and
+user (`orchard.claw.usersim`: the scripted follow-ups, or an LLM with `HarnessConfig.user_model`)
+then answers until it is done. Step and
 wall-time limits end runaway episodes; a malformed call (unknown tool, arguments that are
 not a JSON object, missing required arguments) gets a tool error back instead of crashing,
 so the model can correct itself.
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from orchard.claw.spec import TaskSpec
+from orchard.claw.usersim import SimulatedUser, UserModelFactory, make_user
 from orchard.claw.world import HOME
 from orchard.swe.harness import truncate_output
 from orchard.swe.models import Completion, Mode, Model, TokenUsage
@@ -66,6 +68,7 @@ class HarnessConfig:
     wall_time_limit_s: float = 600.0
     output_limit_chars: int = 8000
     max_consecutive_errors: int = 5  # model turns whose every tool call failed
+    user_model: UserModelFactory | None = None  # an LLM user per episode; None: scripted
 
     def __post_init__(self) -> None:
         if self.harness not in HARNESSES:
@@ -101,6 +104,7 @@ class ClawTrajectory:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     exit_status: str | None = None  # Completed, StepLimit, TimeLimit, RepeatedToolErrors, ...
+    user: dict[str, Any] | None = None  # the simulated user (`SimulatedUser.record()`)
     answer: str = ""  # the assistant's last reply without tool calls
     error: str | None = None
     started_at: float = field(default_factory=time.time)
@@ -217,21 +221,12 @@ def run_episode(
     traj = ClawTrajectory(
         spec.id, config.harness, {"name": model.name}, tools=tools, messages=_opening(spec, config)
     )
-    episode = _Episode(spec, model, world, config, traj, on_message)
-    while traj.exit_status is None:
-        if traj.model_calls >= config.step_limit:
-            traj.exit_status = "StepLimit"
-        elif time.monotonic() >= episode.deadline:
-            traj.exit_status = "TimeLimit"
-        else:
-            try:
-                episode.turn()
-            except Exception as e:
-                traj.exit_status, traj.error = type(e).__name__, str(e)
-        if traj.exit_status is not None:
-            traj.finished_at = time.time()
-        if path is not None:
-            traj.save(path)
+    user = make_user(spec, config.user_model)
+    try:
+        _Episode(model, world, config, traj, on_message, user).run(path)
+    finally:
+        if user is not None:
+            user.close()
     return traj
 
 
@@ -245,19 +240,36 @@ def _opening(spec: TaskSpec, config: HarnessConfig) -> list[dict[str, Any]]:
 class _Episode:
     def __init__(
         self,
-        spec: TaskSpec,
         model: Model,
         world: ToolWorld,
         config: HarnessConfig,
         traj: ClawTrajectory,
         on_message: MessageHook | None,
+        user: SimulatedUser | None,
     ) -> None:
         self.model, self.world, self.config, self.traj = model, world, config, traj
-        self.on_message = on_message
+        self.on_message, self.user = on_message, user
         self.schemas = {t["function"]["name"]: t["function"] for t in traj.tools}
-        self.follow_ups = list(spec.user.follow_ups) if spec.user else []
+        traj.user = user.record() if user else None
         self.deadline = time.monotonic() + config.wall_time_limit_s
         self.failed_turns = 0
+
+    def run(self, path: Path | None) -> None:
+        traj = self.traj
+        while traj.exit_status is None:
+            if traj.model_calls >= self.config.step_limit:
+                traj.exit_status = "StepLimit"
+            elif time.monotonic() >= self.deadline:
+                traj.exit_status = "TimeLimit"
+            else:
+                try:
+                    self.turn()
+                except Exception as e:
+                    traj.exit_status, traj.error = type(e).__name__, str(e)
+            if traj.exit_status is not None:
+                traj.finished_at = time.time()
+            if path is not None:
+                traj.save(path)
 
     def turn(self) -> None:
         """Ask the model once; run its tool calls, or pass the word to the simulated user."""
@@ -270,10 +282,13 @@ class _Episode:
         calls = message.get("tool_calls") or []
         if not calls:
             self.traj.answer = str(message.get("content") or "")
-            if self.follow_ups:
-                self._append({"role": "user", "content": self.follow_ups.pop(0)})
-            else:
+            text = self.user.reply(self.traj.messages) if self.user else None
+            if self.user:
+                self.traj.user = self.user.record()
+            if text is None:
                 self.traj.exit_status = "Completed"
+            else:
+                self._append({"role": "user", "content": text})
             return
         index = len(self.traj.messages) - 1
         steps = [self._run_call(index, call) for call in calls]

@@ -85,12 +85,39 @@ class ViolationExample(_Strict):
     answer: str = ""
 
 
+USER_STOP = "###STOP###"  # what an LLM-simulated user writes to end the conversation
+
+
 class UserSim(_Strict):
-    """A simulated user for multi-turn tasks: scripted follow-ups, in order, each sent when
-    the assistant ends a turn (a reply without tool calls)."""
+    """A simulated user for multi-turn tasks (see `orchard.claw.usersim`).
+
+    Scripted (the default, and the fallback when no user model is given): `follow_ups`, in
+    order, each sent when the assistant ends a turn (a reply without tool calls). With a user
+    model, an LLM plays `persona` pursuing `goal`, and tells `hidden_facts` only when the
+    assistant asks; the follow-ups must say the same facts, so the task stays solvable (and
+    its reference checkable) without a user model."""
 
     persona: str = ""
+    goal: str = ""  # what the user wants overall (default: the request)
+    hidden_facts: list[str] = Field(default_factory=list)
     follow_ups: list[str] = Field(default_factory=list)
+    max_user_turns: int = Field(default=5, ge=1)  # user messages after the request, at most
+
+    @model_validator(mode="after")
+    def _consistent(self) -> UserSim:
+        texts = [self.persona, self.goal, *self.hidden_facts, *self.follow_ups]
+        if any(USER_STOP in t for t in texts):
+            raise ValueError(f"user texts must not contain the stop token {USER_STOP}")
+        if any(not f.strip() for f in [*self.hidden_facts, *self.follow_ups]):
+            raise ValueError("user hidden_facts and follow_ups must not be empty strings")
+        if len(self.follow_ups) > self.max_user_turns:
+            raise ValueError(
+                f"{len(self.follow_ups)} follow_ups but max_user_turns is {self.max_user_turns}"
+            )
+        if self.hidden_facts and not self.follow_ups:
+            # Without follow-ups the facts would never reach a scripted run.
+            raise ValueError("a user with hidden_facts needs follow_ups that tell them")
+        return self
 
 
 class TaskSpec(_Strict):
