@@ -12,8 +12,8 @@ from orchard.claw.harness import HarnessConfig
 from orchard.claw.rollout import ClawEpisodeResult, ClawRolloutRunner, claw_runner_factory
 from orchard.claw.world import World
 from orchard.train.bar import Outcome
-from orchard.train.grpo import GRPORunConfig
-from orchard.train.rollout import BARRolloutFunc, Generation, reward_from_rollout
+from orchard.train.grpo import GRPORunConfig, train_grpo
+from orchard.train.rollout import Generation
 from orchard.train.tiny import build_model, build_tokenizer
 
 from .test_harness import HOODIES, TAGS, TODO_SPEC, shared
@@ -73,11 +73,7 @@ def test_solving_policy_is_rewarded_by_the_grade(claw_world: World, tokenizer: A
 
 
 def test_grpo_step_with_the_tiny_model(claw_world: World, tokenizer: Any, tmp_path: Path) -> None:
-    """One TRL GRPO step whose rollouts are BAR groups of Claw episodes, rewarded by grade."""
-    import importlib
-    import os
-
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    """One TRL GRPO step (`train_grpo`) whose rollouts are BAR groups of graded Claw episodes."""
     cfg = GRPORunConfig(
         model="tiny",
         output_dir=str(tmp_path / "grpo"),
@@ -88,29 +84,17 @@ def test_grpo_step_with_the_tiny_model(claw_world: World, tokenizer: Any, tmp_pa
         max_tokens_per_turn=8,
         learning_rate=1e-5,
         save_steps=10,
+        max_replacements=0,
+        concurrency=1,  # one shared world
     )
     # the task with the two search tools only: a short prompt keeps CPU sampling quick
     short = TODO_SPEC.model_copy(update={"services": ["search"]})
     factory = claw_runner_factory(
-        shared(claw_world),
-        tokenizer,
-        HarnessConfig(step_limit=1),
-        reward="score",
-        max_new_tokens=8,
-        seed=0,
-    )
-    rollout = BARRolloutFunc([short], factory, cfg.bar(), max_replacements=0, concurrency=1)
-    trainer_cls: Any = importlib.import_module("trl.trainer.grpo_trainer").GRPOTrainer
-    trainer = trainer_cls(
-        model=build_model(tokenizer, seed=0),
-        reward_funcs=reward_from_rollout,
-        args=cfg.grpo_config(),
-        train_dataset=rollout.prompts_dataset(),
-        processing_class=tokenizer,
-        rollout_func=rollout,
-    )
-    trainer.train()
-    assert trainer.state.global_step == 1
+        shared(claw_world), tokenizer, HarnessConfig(step_limit=1), reward="score",
+        max_new_tokens=8, seed=0,
+    )  # fmt: skip
+    metrics, rollout = train_grpo(cfg, [short], factory, build_model(tokenizer, seed=0), tokenizer)
+    assert metrics["global_step"] == 1
     (res,) = rollout.results
     assert len(res.group) == 2 and rollout.stats.episodes == 2
     rewards = []
@@ -121,5 +105,5 @@ def test_grpo_step_with_the_tiny_model(claw_world: World, tokenizer: Any, tmp_pa
         assert r.grade and ep.reward == pytest.approx(r.score - 0.75)
         assert r.record.turns == 1 and ep.length == sum(r.record.env_mask) > 0
         rewards.append(ep.reward)
-    logged = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    logged = [h["reward"] for h in metrics["log_history"] if "reward" in h]
     assert logged == [pytest.approx(sum(rewards) / 2)]

@@ -5,8 +5,6 @@ come from it; an unparsable verdict is no score, and the episode is backfill (AB
 
 from __future__ import annotations
 
-import importlib
-import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +24,8 @@ from orchard.gui.tasks import sample_tasks
 from orchard.gui.types import WebTask
 from orchard.swe.models import OpenAIModel
 from orchard.train.bar import BARConfig, Outcome, bar_rollout
-from orchard.train.grpo import GRPORunConfig
-from orchard.train.rollout import BARRolloutFunc, HFGenerator, reward_from_rollout
+from orchard.train.grpo import GRPORunConfig, train_grpo
+from orchard.train.rollout import HFGenerator
 from orchard.train.tiny import build_model
 from orchard.train.tokenize import Trajectory, tokenize_trajectory
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
@@ -198,8 +196,7 @@ def test_no_score_from_the_judge_is_an_aborted_episode(
 def test_grpo_step_with_bar_over_the_browser(
     factory: GuiRunnerFactory, taught: Any, task: WebTask, tokenizer: Any, tmp_path: Path
 ) -> None:
-    """One real TRL GRPO step whose rollouts are GUI episodes (TRL's `rollout_func`)."""
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    """One real TRL GRPO step (`train_grpo`) whose rollouts are judged GUI episodes."""
     cfg = GRPORunConfig(
         model="tiny",
         output_dir=str(tmp_path / "grpo"),
@@ -212,23 +209,16 @@ def test_grpo_step_with_bar_over_the_browser(
         top_p=1.0,
         learning_rate=1e-5,
         save_steps=10,
+        max_replacements=0,
     )
-    rollout = BARRolloutFunc([task], factory, cfg.bar(), max_replacements=0)
-    trainer_cls: Any = importlib.import_module("trl.trainer.grpo_trainer").GRPOTrainer
-    trainer = trainer_cls(
-        model=taught,
-        reward_funcs=reward_from_rollout,
-        args=cfg.grpo_config(),
-        train_dataset=rollout.prompts_dataset(),
-        processing_class=tokenizer,
-        rollout_func=rollout,
-    )
-    trainer.train()
-    assert trainer.state.global_step == 1
+    metrics, rollout = train_grpo(cfg, [task], factory, taught, tokenizer)
+    assert metrics["global_step"] == 1
     assert rollout.stats.tasks == 1 and rollout.stats.episodes >= 2
-    logged = [h for h in trainer.state.log_history if "reward" in h]
+    logged = [h for h in metrics["log_history"] if "reward" in h]
     assert logged and -1.0 <= logged[0]["reward"] <= 1.0
-    for res in rollout.results:
-        assert len(res.group) == 2
-        for ep in res.group:
-            _check(ep)
+    (res,) = rollout.results
+    assert len(res.group) == 2
+    for ep in res.group:
+        _check(ep)  # each reward is the judge's verdict ...
+    # ... and those are the rewards the step trained on (backfill counts 0)
+    assert logged[0]["reward"] == pytest.approx(sum(ep.reward or 0.0 for ep in res.group) / 2)

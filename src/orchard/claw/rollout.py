@@ -23,7 +23,7 @@ from orchard.claw.harness import HarnessConfig, tool_schemas
 from orchard.claw.runner import WorldPool, play
 from orchard.claw.spec import TaskSpec
 from orchard.train.bar import Episode, Outcome, RewardConfig
-from orchard.train.rollout import EpisodeResult, Generator, PolicyModel, trainer_generator
+from orchard.train.rollout import EpisodeResult, Generator, PolicyModel, trainer_runners
 
 _OUTCOMES = {
     "Completed": Outcome.SUBMITTED,
@@ -99,6 +99,8 @@ def claw_runner_factory(
     config: HarnessConfig | None = None,
     *,
     reward: Literal["score", "pass"] = "pass",
+    pass_reward: RewardConfig | None = None,
+    judge: RubricJudge | None = None,
     temperature: float = 0.95,
     top_p: float = 0.95,
     max_new_tokens: int = 1024,
@@ -106,14 +108,16 @@ def claw_runner_factory(
 ) -> Callable[[Any], ClawRolloutRunner]:
     """For `BARRolloutFunc`: runners sampling from the trainer's current weights."""
 
-    def make(trainer: Any) -> ClawRolloutRunner:
+    def make(gen: Generator) -> ClawRolloutRunner:
         return ClawRolloutRunner(
             worlds,
             tokenizer,
-            trainer_generator(trainer, tokenizer, temperature=temperature, top_p=top_p, seed=seed),
+            gen,
             config or HarnessConfig(),
             reward,
-            max_new_tokens=max_new_tokens,
+            pass_reward or RewardConfig(),
+            max_new_tokens,
+            judge,
         )
 
-    return make
+    return trainer_runners(tokenizer, make, temperature=temperature, top_p=top_p, seed=seed)

@@ -37,8 +37,8 @@ from orchard.claw.harness import (
 )
 from orchard.claw.metrics import summarize
 from orchard.claw.spec import Fault, TaskSpec
+from orchard.runs import Run, check_endpoint, run_pool
 from orchard.swe.models import Model, OpenAIModel
-from orchard.swe.runner import _pool, _Run
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -140,14 +140,12 @@ def model_factory(
         return lambda task, tools: reference_model(task)
     if spec == "null":
         return lambda task, tools: null_model()
-    if not spec.startswith(("http://", "https://")):
-        raise ValueError(f"model must be an http(s) URL, `reference` or `null`, not {spec!r}")
-    p = dict(params or {})
+    url, p = check_endpoint(spec, "`reference` or `null`"), dict(params or {})
     extra = dict(p.pop("extra_body", None) or {})
 
     def make(task: TaskSpec, tools: list[dict[str, Any]]) -> Model:
         body = {"tools": tools, "tool_choice": "auto", **extra}
-        return OpenAIModel(spec, name=name, mode="tool", extra_body=body, **p)
+        return OpenAIModel(url, name=name, mode="tool", extra_body=body, **p)
 
     return make
 
@@ -229,8 +227,8 @@ def run_trials(
     own = worlds is None
     pool = worlds if worlds is not None else WorldPool(world_starter(client, labels))
 
-    def job(spec: TaskSpec, j: int) -> Callable[[_Run], dict[str, Any]]:
-        def fn(run: _Run) -> dict[str, Any]:
+    def job(spec: TaskSpec, j: int) -> Callable[[Run], dict[str, Any]]:
+        def fn(run: Run) -> dict[str, Any]:
             if run.stop.is_set():  # interrupted before it started: leave it for resume
                 return {"task_id": spec.id, "passed": False}
             traj_path, world_path = trial_paths(out, spec.id, j)
@@ -263,7 +261,7 @@ def run_trials(
         return f"passed {sum(1 for r in rows if r.get('passed'))}/{len(rows)}" if rows else ""
 
     try:
-        _pool(client, jobs, workers, "claw run", status, console, labels)
+        run_pool(client, jobs, workers, "claw run", status, console, labels, kind="claw")
     finally:
         if own:
             pool.close()

@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchard.gui.harness import GuiAgentConfig, GuiTrajectory, run_episode
-from orchard.gui.runner import EnvPool
+from orchard.gui.runner import EnvPool, env_config_for
 from orchard.gui.types import Judge, WebTask
 from orchard.train.bar import Episode, Outcome
 from orchard.train.rollout import (
     EpisodeResult,
     Generator,
-    HFGenerator,
     PolicyModel,
     episode_sampler,
+    trainer_runners,
 )
 
 if TYPE_CHECKING:
@@ -137,28 +137,20 @@ class GuiRunnerFactory:
     ) -> None:
         from orchard.gui.env import BrowserEnv
 
-        self.tokenizer, self.agent_config = tokenizer, agent_config
-        self.temperature, self.top_p, self.seed = temperature, top_p, seed
-        self.max_new_tokens = max_new_tokens
-        self.envs: EnvPool = EnvPool(
-            lambda: BrowserEnv(client, config=env_config, judge=judge), workers
+        cfg = env_config_for(agent_config, env_config, {"gui": "train"})
+        self.envs: EnvPool = EnvPool(lambda: BrowserEnv(client, config=cfg, judge=judge), workers)
+
+        def make(gen: Generator) -> GuiRolloutRunner:
+            return GuiRolloutRunner(
+                self.envs, tokenizer, gen, agent_config, max_new_tokens=max_new_tokens
+            )
+
+        self._runners = trainer_runners(
+            tokenizer, make, temperature=temperature, top_p=top_p, seed=seed
         )
 
     def __call__(self, trainer: Any) -> GuiRolloutRunner:
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        gen = HFGenerator(
-            model,
-            self.tokenizer.eos_token_id,
-            self.tokenizer.pad_token_id,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self.seed,
-        )
-        if self.seed is not None:
-            self.seed += 1_000_003  # a fresh stream per step
-        return GuiRolloutRunner(
-            self.envs, self.tokenizer, gen, self.agent_config, max_new_tokens=self.max_new_tokens
-        )
+        return self._runners(trainer)
 
     def close(self) -> None:
         self.envs.close()

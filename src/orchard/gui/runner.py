@@ -37,8 +37,8 @@ from orchard.gui.harness import (
     save_result,
 )
 from orchard.gui.types import Judge, JudgeInput, Verdict, WebTask
-from orchard.swe.models import Model, OpenAIModel, ReplayModel
-from orchard.swe.runner import _progress, _Run
+from orchard.runs import Run, check_endpoint, collect, progress, replay_from
+from orchard.swe.models import Model, OpenAIModel
 
 if TYPE_CHECKING:
     from orchard.env.sdk import Orchard
@@ -67,15 +67,11 @@ def model_factory(
 
         def replay(task: WebTask) -> Model:
             path = task_dir(root, task.id) / "result.json" if root.is_dir() else root
-            if not path.is_file():
-                raise FileNotFoundError(f"no saved run of {task.id} at {path}")
-            return ReplayModel(path)
+            return replay_from([path], task.id)
 
         return replay
-    p = {**model_params(config), **(params or {})}
-    if not spec.startswith(("http://", "https://")):
-        raise ValueError(f"model must be an http(s) URL or replay:PATH, not {spec!r}")
-    return lambda task: OpenAIModel(spec, name=name, **p)
+    url, p = check_endpoint(spec), {**model_params(config), **(params or {})}
+    return lambda task: OpenAIModel(url, name=name, **p)
 
 
 class EnvPool:
@@ -252,6 +248,22 @@ def _read(path: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text())) if path.is_file() else {}
 
 
+def env_config_for(
+    config: GuiAgentConfig, base: EnvConfig | None = None, labels: dict[str, str] | None = None
+) -> EnvConfig:
+    """The browser settings an agent config needs: a text observation reads the
+    accessibility tree and element marks, a Set-of-Mark one the marks."""
+    from orchard.gui.env import EnvConfig
+
+    base = base or EnvConfig()
+    cfg = replace(base, labels={**base.labels, **(labels or {})})
+    if config.observation == "text":
+        cfg.axtree = cfg.som = True
+    elif config.som:
+        cfg.som = True
+    return cfg
+
+
 def run_batch(
     client: Orchard,
     tasks: Iterable[WebTask],
@@ -272,44 +284,23 @@ def run_batch(
     `envs` runs the batch on the caller's environments instead (their judge and config
     apply; they stay open for the next batch).
     """
-    from orchard.gui.env import BrowserEnv, EnvConfig
+    from orchard.gui.env import BrowserEnv
 
     out.mkdir(parents=True, exist_ok=True)
     tasks = list(tasks)
     todo = [t for t in tasks if redo or not (task_dir(out, t.id) / "result.json").exists()]
-    run = _Run(client, dict(labels or {}))
-    base = env_config or EnvConfig()
-    cfg = replace(base, labels={**base.labels, **run.labels, "gui": "run"})
-    if config.observation == "text":
-        cfg.axtree = cfg.som = True
-    elif config.som:
-        cfg.som = True
-    rows: list[dict[str, Any]] = []
+    run = Run(client, dict(labels or {}), "gui")
+    cfg = env_config_for(config, env_config, {**run.labels, "gui": "run"})
     pool = envs or EnvPool(
         lambda: BrowserEnv(client, config=cfg, judge=judge), min(workers, max(1, len(todo)))
     )
-    with _progress(console) as progress:
-        bar = progress.add_task("gui run", total=len(todo), status="")
-        futures = [
-            pool.submit(
-                functools.partial(
-                    _episode, task=t, factory=factory, config=config, out=out, stop=run.stop
-                )
-            )
-            for t in todo
-        ]
-        try:
-            for fut in as_completed(futures):
-                rows.append(fut.result())
-                progress.update(bar, advance=1, status=_status(rows))
-        except BaseException:
-            run.stop.set()
-            pool.cancel_pending()
-            run.cleanup()  # running episodes fail fast once their sandbox is gone
-            raise
-        finally:
-            if pool is not envs:
-                pool.close()
+    episode = functools.partial(_episode, factory=factory, config=config, out=out, stop=run.stop)
+    try:
+        futures = [pool.submit(functools.partial(episode, task=t)) for t in todo]
+        collect(futures, run, "gui run", _status, console, on_abort=pool.cancel_pending)
+    finally:
+        if pool is not envs:
+            pool.close()
     return summarise(tasks, out)
 
 
@@ -357,11 +348,11 @@ def evaluate(
         and (redo or not (task_dir(out, t.id) / "eval" / f"{judge.name}.json").exists())
     ]
     verdicts: list[dict[str, Any]] = []
-    with _progress(console) as progress, ThreadPoolExecutor(max(1, workers)) as pool:
-        bar = progress.add_task(f"gui eval ({judge.name})", total=len(todo), status="")
+    with progress(console) as shown, ThreadPoolExecutor(max(1, workers)) as pool:
+        bar = shown.add_task(f"gui eval ({judge.name})", total=len(todo), status="")
         for fut in as_completed([pool.submit(_judge_one, judge, d) for d in todo]):
             verdicts.append({"success": fut.result().success})
-            progress.update(bar, advance=1, status=_status(verdicts))
+            shown.update(bar, advance=1, status=_status(verdicts))
     return summarise(tasks, out, f"eval-{judge.name}.json", judge=judge.name)
 
 

@@ -20,19 +20,17 @@ import functools
 import json
 import threading
 import traceback
-import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from orchard.runs import Run, check_endpoint, replay_from, run_pool
 from orchard.swe.grading import GradeResult, Prediction, grade, summary
 from orchard.swe.harness import AgentConfig, SandboxEnv, run_agent
-from orchard.swe.models import Model, OpenAIModel, ReplayModel
+from orchard.swe.models import Model, OpenAIModel
 from orchard.swe.tasks import Task
 from orchard.swe.trajectory import Trajectory
 
@@ -51,19 +49,17 @@ def model_factory(
         root = Path(spec.removeprefix("replay:"))
 
         def replay(task: Task) -> Model:
-            if root.is_file():
-                return ReplayModel(root)
             iid = task.instance_id
-            for cand in (root / f"{iid}.json", root / iid / f"{iid}.traj.json"):
-                if cand.is_file():
-                    return ReplayModel(cand)
-            raise FileNotFoundError(f"no recorded trajectory for {task.instance_id} in {root}")
+            paths = (
+                [root]
+                if root.is_file()
+                else [root / f"{iid}.json", root / iid / f"{iid}.traj.json"]
+            )
+            return replay_from(paths, iid)
 
         return replay
-    if not spec.startswith(("http://", "https://")):
-        raise ValueError(f"model must be an http(s) URL or replay:PATH, not {spec!r}")
-    p = dict(params or {})
-    return lambda task: OpenAIModel(spec, name=name, mode=mode, **p)  # type: ignore[arg-type]
+    url, p = check_endpoint(spec), dict(params or {})
+    return lambda task: OpenAIModel(url, name=name, mode=mode, **p)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -74,24 +70,6 @@ class Attempt:
     trajectory: Trajectory | None
     grade: GradeResult | None = None
     error: str | None = None
-
-
-@dataclass
-class _Run:
-    """Live sandboxes and the stop flag of one batch, for cleanup on Ctrl-C."""
-
-    client: Orchard
-    extra_labels: dict[str, str] = field(default_factory=dict)
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return {**self.extra_labels, "swe-run": self.run_id}
-
-    def cleanup(self) -> None:
-        for sb in self.client.sandboxes.list(labels=self.labels):
-            sb.delete()
 
 
 def _write_log(path: Path, traj: Trajectory | None, error: str | None) -> None:
@@ -114,7 +92,7 @@ def _write_log(path: Path, traj: Trajectory | None, error: str | None) -> None:
 
 
 def attempt(
-    run: _Run,
+    run: Run,
     task: Task,
     model: Model,
     config: AgentConfig,
@@ -147,50 +125,6 @@ def attempt(
         pred = Prediction(task.instance_id, result.patch, model.name)
         result.grade = grade(run.client, task, pred, log_dir=out / "eval", labels=run.labels)
     return result
-
-
-def _progress(console: Console | None) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console or Console(stderr=True),
-        transient=False,
-    )
-
-
-def _pool(
-    client: Orchard,
-    jobs: list[tuple[str, Callable[[_Run], Any]]],
-    workers: int,
-    title: str,
-    status: Callable[[list[Any]], str],
-    console: Console | None,
-    labels: dict[str, str] | None = None,
-) -> list[Any]:
-    """Run jobs on a thread pool with a progress bar; Ctrl-C cancels and cleans up."""
-    run = _Run(client, dict(labels or {}))
-    results: list[Any] = []
-    with _progress(console) as progress:
-        bar = progress.add_task(title, total=len(jobs), status=status(results))
-        pool = ThreadPoolExecutor(max_workers=max(1, workers))
-        futures: dict[Future[Any], str] = {pool.submit(fn, run): key for key, fn in jobs}
-        try:
-            for fut in as_completed(futures):
-                results.append(fut.result())
-                progress.update(bar, advance=1, status=status(results))
-        except BaseException:
-            run.stop.set()
-            for fut in futures:
-                fut.cancel()
-            run.cleanup()  # running workers fail fast once their sandbox is gone
-            pool.shutdown(wait=True, cancel_futures=True)
-            run.cleanup()
-            raise
-        pool.shutdown(wait=True)
-    return results
 
 
 def _resolved_status(results: list[Any]) -> str:
@@ -228,8 +162,8 @@ def run_batch(
     tasks = list(tasks)
     lock = threading.Lock()
 
-    def job(task: Task) -> Callable[[_Run], Attempt]:
-        def fn(run: _Run) -> Attempt:
+    def job(task: Task) -> Callable[[Run], Attempt]:
+        def fn(run: Run) -> Attempt:
             model = factory(task)
             a = attempt(run, task, model, config, out / task.instance_id, do_grade=do_grade)
             if run.stop.is_set():  # interrupted: leave it to be run again on resume
@@ -248,7 +182,7 @@ def run_batch(
         return fn
 
     todo = [t for t in tasks if t.instance_id not in preds]
-    _pool(
+    run_pool(
         client,
         [(t.instance_id, job(t)) for t in todo],
         workers,
@@ -280,7 +214,7 @@ def _summarise(tasks: list[Task], out: Path, preds_json: dict[str, Any]) -> dict
 # ---------------------------------------------------------------- eval
 
 
-def _grade_job(run: _Run, *, task: Task, pred: Prediction, out: Path) -> GradeResult:
+def _grade_job(run: Run, *, task: Task, pred: Prediction, out: Path) -> GradeResult:
     log_dir = out / task.instance_id / "eval"
     return grade(run.client, task, pred, log_dir=log_dir, labels=run.labels)
 
@@ -299,7 +233,7 @@ def evaluate(
     """Grade predictions from any source; per-instance reports and SWE-bench's summary."""
     by_id = {t.instance_id: t for t in tasks}
     out.mkdir(parents=True, exist_ok=True)
-    jobs: list[tuple[str, Callable[[_Run], Any]]] = []
+    jobs: list[tuple[str, Callable[[Run], Any]]] = []
     for iid, pred in preds.items():
         if iid not in by_id:
             continue
@@ -307,7 +241,7 @@ def evaluate(
             continue
 
         jobs.append((iid, functools.partial(_grade_job, task=by_id[iid], pred=pred, out=out)))
-    _pool(client, jobs, workers, "swe eval", _resolved_status, console, labels)
+    run_pool(client, jobs, workers, "swe eval", _resolved_status, console, labels)
     chosen = [t for t in by_id.values() if t.instance_id in preds]
     preds_json = {
         k: {"model_patch": p.model_patch, "model_name_or_path": p.model_name_or_path}
@@ -336,8 +270,8 @@ def distill(
     tasks = list(tasks)
     out.mkdir(parents=True, exist_ok=True)
 
-    def job(task: Task, j: int) -> Callable[[_Run], dict[str, Any]]:
-        def fn(run: _Run) -> dict[str, Any]:
+    def job(task: Task, j: int) -> Callable[[Run], dict[str, Any]]:
+        def fn(run: Run) -> dict[str, Any]:
             adir = out / task.instance_id / f"attempt-{j}"
             row_path = adir / "row.json"
             if row_path.exists():
@@ -356,7 +290,7 @@ def distill(
     def status(rows: list[Any]) -> str:
         return f"resolved {sum(1 for r in rows if r['resolved'])}/{len(rows)}"
 
-    rows = _pool(client, jobs, workers, "swe distill", status, console, labels)
+    rows = run_pool(client, jobs, workers, "swe distill", status, console, labels)
     rows.sort(key=lambda r: (r["instance_id"], r["attempt"]))
     write_dataset(rows, out)
     return rows

@@ -2,24 +2,38 @@
 
 One dataclass configures a run; defaults are the recipe's (clip 0.2 / 0.28, no KL term,
 entropy bonus 1e-4, lr 1e-6, temperature and top-p 0.95, group size 4 from up to 8
-samples). Rollouts come from `BARRolloutFunc` (the SWE harness in Orchard sandboxes);
-the reward function just reads the reward each rollout was graded with.
+samples). `train_grpo` trains on any environment: rollouts come from `BARRolloutFunc` over
+a runner factory; `run_grpo` (SWE), `run_gui_grpo` and `run_claw_grpo` wire one up. The
+reward function just reads the reward each rollout was graded with.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from orchard.train.bar import BARConfig, RewardConfig
-from orchard.train.rollout import BARRolloutFunc, hf_runner_factory, reward_from_rollout
+from orchard.train.rollout import (
+    BARRolloutFunc,
+    RolloutRunner,
+    hf_runner_factory,
+    reward_from_rollout,
+)
 from orchard.train.sft import last_checkpoint
 
 if TYPE_CHECKING:
+    from orchard.claw.grading import RubricJudge
+    from orchard.claw.harness import HarnessConfig
+    from orchard.claw.runner import WorldPool
+    from orchard.claw.spec import TaskSpec
     from orchard.env.sdk import Orchard
+    from orchard.gui.env import EnvConfig
+    from orchard.gui.harness import GuiAgentConfig
+    from orchard.gui.types import Judge, WebTask
     from orchard.swe.harness import AgentConfig
     from orchard.swe.tasks import Task
 
@@ -36,6 +50,7 @@ class GRPORunConfig:
     reward_unresolved: float = -1.0
     tasks_per_step: int = 1  # groups per optimizer step (per device)
     max_replacements: int = 2  # tasks drawn to replace a group the filter drops
+    concurrency: int | None = None  # episodes run at once (default: stride)
     learning_rate: float = 1e-6
     epsilon: float = 0.2
     epsilon_high: float = 0.28
@@ -59,6 +74,9 @@ class GRPORunConfig:
 
     def bar(self) -> BARConfig:
         return BARConfig(self.group_size, self.max_samples, self.stride, self.band)
+
+    def reward(self) -> RewardConfig:
+        return RewardConfig(self.reward_resolved, self.reward_unresolved)
 
     def grpo_config(self) -> Any:
         cls: Any = importlib.import_module("trl.trainer.grpo_config").GRPOConfig
@@ -88,32 +106,34 @@ class GRPORunConfig:
         return asdict(self)
 
 
-def run_grpo(
-    cfg: GRPORunConfig,
-    tasks: list[Task],
-    client: Orchard,
-    agent_config: AgentConfig,
-    *,
-    model: Any = None,
-    tokenizer: Any = None,
-) -> tuple[dict[str, Any], BARRolloutFunc]:
-    """Train; returns the metrics and the rollout function (its `stats` say what BAR spent)."""
+def load_policy(cfg: GRPORunConfig, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
+    """The policy and its tokenizer: the ones given, else loaded from `cfg.model`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental
     tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(cfg.model)
     model = model if model is not None else AutoModelForCausalLM.from_pretrained(cfg.model)
-    factory = hf_runner_factory(
-        client,
-        tokenizer,
-        agent_config,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_new_tokens=cfg.max_tokens_per_turn,
-        reward=RewardConfig(cfg.reward_resolved, cfg.reward_unresolved),
+    return model, tokenizer
+
+
+def train_grpo(
+    cfg: GRPORunConfig,
+    tasks: Sequence[Any],
+    runner_factory: Callable[[Any], RolloutRunner],
+    model: Any,
+    tokenizer: Any,
+) -> tuple[dict[str, Any], BARRolloutFunc]:
+    """Train on any environment: `runner_factory(trainer)` gives the step's `RolloutRunner`
+    (SWE, GUI, Claw), `tasks` are anything with an `instance_id`. Returns the metrics and
+    the rollout function (its `stats` say what BAR spent, `results` hold the last groups)."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental
+    rollout = BARRolloutFunc(
+        tasks,
+        runner_factory,
+        cfg.bar(),
+        max_replacements=cfg.max_replacements,
+        concurrency=cfg.concurrency,
         seed=cfg.seed,
     )
-    rollout = BARRolloutFunc(tasks, factory, cfg.bar(), max_replacements=cfg.max_replacements)
     peft_config = None
     if cfg.lora:
         from peft import LoraConfig
@@ -148,3 +168,91 @@ def run_grpo(
         "log_history": trainer.state.log_history,
     }
     return metrics, rollout
+
+
+def run_grpo(
+    cfg: GRPORunConfig,
+    tasks: list[Task],
+    client: Orchard,
+    agent_config: AgentConfig,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    labels: dict[str, str] | None = None,
+) -> tuple[dict[str, Any], BARRolloutFunc]:
+    """GRPO on SWE tasks: episodes of the SWE harness in fresh sandboxes (with `labels`),
+    graded there."""
+    model, tokenizer = load_policy(cfg, model, tokenizer)
+    factory = hf_runner_factory(
+        client,
+        tokenizer,
+        agent_config,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_tokens_per_turn,
+        reward=cfg.reward(),
+        seed=cfg.seed,
+        labels=labels,
+    )
+    return train_grpo(cfg, tasks, factory, model, tokenizer)
+
+
+def run_gui_grpo(
+    cfg: GRPORunConfig,
+    tasks: list[WebTask],
+    client: Orchard,
+    agent_config: GuiAgentConfig,
+    *,
+    env_config: EnvConfig | None = None,
+    judge: Judge | None = None,
+    workers: int = 1,
+    model: Any = None,
+    tokenizer: Any = None,
+) -> tuple[dict[str, Any], BARRolloutFunc]:
+    """GRPO on web tasks: episodes in `workers` browsers (started once), rewarded by `judge`."""
+    from orchard.gui.rollout import GuiRunnerFactory
+
+    model, tokenizer = load_policy(cfg, model, tokenizer)
+    with GuiRunnerFactory(
+        client,
+        tokenizer,
+        agent_config,
+        env_config=env_config,
+        judge=judge,
+        workers=workers,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_tokens_per_turn,
+        seed=cfg.seed,
+    ) as factory:
+        return train_grpo(cfg, tasks, factory, model, tokenizer)
+
+
+def run_claw_grpo(
+    cfg: GRPORunConfig,
+    tasks: list[TaskSpec],
+    worlds: WorldPool,
+    harness: HarnessConfig,
+    *,
+    reward: Literal["score", "pass"] = "pass",
+    judge: RubricJudge | None = None,
+    model: Any = None,
+    tokenizer: Any = None,
+) -> tuple[dict[str, Any], BARRolloutFunc]:
+    """GRPO on Claw tasks: episodes in worlds leased from `worlds`, rewarded by the grade."""
+    from orchard.claw.rollout import claw_runner_factory
+
+    model, tokenizer = load_policy(cfg, model, tokenizer)
+    factory = claw_runner_factory(
+        worlds,
+        tokenizer,
+        harness,
+        reward=reward,
+        pass_reward=cfg.reward(),
+        judge=judge,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_tokens_per_turn,
+        seed=cfg.seed,
+    )
+    return train_grpo(cfg, tasks, factory, model, tokenizer)

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from orchard.train.bar import (
     BARConfig,
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from orchard.swe.models import Completion, Mode, TokenUsage
     from orchard.swe.tasks import Task
 
+R = TypeVar("R")
 
 # ---------------------------------------------------------------- generation
 
@@ -479,6 +480,28 @@ def trainer_generator(
     )
 
 
+def trainer_runners(
+    tokenizer: Any,
+    make: Callable[[Generator], R],
+    *,
+    temperature: float = 0.95,
+    top_p: float = 0.95,
+    seed: int | None = None,
+) -> Callable[[Any], R]:
+    """A `BARRolloutFunc` runner factory: each step, `make(generator)` with a generator over
+    the trainer's weights as they are then; a seeded run gets a fresh stream per step."""
+    step = 0
+
+    def factory(trainer: Any) -> R:
+        nonlocal step
+        s = None if seed is None else seed + 1_000_003 * step
+        step += 1
+        gen = trainer_generator(trainer, tokenizer, temperature=temperature, top_p=top_p, seed=s)
+        return make(gen)
+
+    return factory
+
+
 def hf_runner_factory(
     client: Orchard,
     tokenizer: Any,
@@ -489,18 +512,19 @@ def hf_runner_factory(
     max_new_tokens: int = 4096,
     reward: RewardConfig | None = None,
     seed: int | None = None,
+    labels: dict[str, str] | None = None,
 ) -> Callable[[Any], EpisodeRunner]:
-    """Runners that sample from the trainer's current model (its weights at this step)."""
+    """SWE runners that sample from the trainer's current model (its weights at this step)."""
 
-    def make(trainer: Any) -> EpisodeRunner:
+    def make(gen: Generator) -> EpisodeRunner:
         return EpisodeRunner(
             client,
             tokenizer,
-            trainer_generator(trainer, tokenizer, temperature=temperature, top_p=top_p, seed=seed),
+            gen,
             agent_config,
             reward or RewardConfig(),
             max_new_tokens,
-            labels={"train.run": uuid.uuid4().hex[:8]},
+            labels={**(labels or {}), "train.run": uuid.uuid4().hex[:8]},
         )
 
-    return make
+    return trainer_runners(tokenizer, make, temperature=temperature, top_p=top_p, seed=seed)

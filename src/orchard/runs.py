@@ -1,0 +1,131 @@
+"""Batch-run plumbing shared by the SWE, GUI and Claw runners.
+
+A `Run` labels every sandbox of one batch (`<kind>-run=<id>` plus the caller's labels) so
+that Ctrl-C can delete them all; `collect` drains futures under a progress bar and does that
+cleanup when interrupted; `run_pool` runs `(key, fn(run))` jobs on a thread pool with both.
+`check_endpoint` and `replay_from` are the two halves every `model_factory` shares.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+if TYPE_CHECKING:
+    from orchard.env.sdk import Orchard
+    from orchard.swe.models import Model
+
+T = TypeVar("T")
+Job = tuple[str, Callable[["Run"], Any]]
+
+
+@dataclass
+class Run:
+    """Live sandboxes and the stop flag of one batch, for cleanup on Ctrl-C."""
+
+    client: Orchard
+    extra_labels: dict[str, str] = field(default_factory=dict)
+    kind: str = "swe"
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {**self.extra_labels, f"{self.kind}-run": self.run_id}
+
+    def cleanup(self) -> None:
+        for sb in self.client.sandboxes.list(labels=self.labels):
+            sb.delete()
+
+
+def progress(console: Console | None) -> Progress:
+    """A progress bar on stderr (stdout is for results) with a free-text status column."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console or Console(stderr=True),
+        transient=False,
+    )
+
+
+def collect(
+    futures: Sequence[Future[T]],
+    run: Run,
+    title: str,
+    status: Callable[[list[T]], str],
+    console: Console | None = None,
+    *,
+    on_abort: Callable[[], None] | None = None,
+) -> list[T]:
+    """Results in completion order under a progress bar. On any exception (Ctrl-C included)
+    the run is stopped, pending work cancelled (`on_abort` for work queued elsewhere) and the
+    run's sandboxes deleted, so running workers fail fast; then it re-raises."""
+    results: list[T] = []
+    with progress(console) as bar:
+        task = bar.add_task(title, total=len(futures), status="")
+        try:
+            for fut in as_completed(futures):
+                results.append(fut.result())
+                bar.update(task, advance=1, status=status(results))
+        except BaseException:
+            run.stop.set()
+            for fut in futures:
+                fut.cancel()
+            if on_abort is not None:
+                on_abort()
+            run.cleanup()
+            raise
+    return results
+
+
+def run_pool(
+    client: Orchard,
+    jobs: Iterable[Job],
+    workers: int,
+    title: str,
+    status: Callable[[list[Any]], str],
+    console: Console | None = None,
+    labels: dict[str, str] | None = None,
+    *,
+    kind: str = "swe",
+) -> list[Any]:
+    """Run `fn(run)` for every job on `workers` threads; see `collect` for Ctrl-C."""
+    run = Run(client, dict(labels or {}), kind)
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        return collect([pool.submit(fn, run) for _, fn in jobs], run, title, status, console)
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        run.cleanup()  # sandboxes a worker created while the first cleanup ran
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def check_endpoint(spec: str, others: str = "replay:PATH") -> str:
+    """`spec` if it is the base URL of an OpenAI-compatible endpoint, else a ValueError."""
+    if not spec.startswith(("http://", "https://")):
+        raise ValueError(f"model must be an http(s) URL or {others}, not {spec!r}")
+    return spec
+
+
+def replay_from(candidates: Iterable[Path], what: str) -> Model:
+    """A `ReplayModel` over the first recording that exists among `candidates`."""
+    from orchard.swe.models import ReplayModel
+
+    tried = list(candidates)
+    for path in tried:
+        if path.is_file():
+            return ReplayModel(path)
+    raise FileNotFoundError(f"no recorded run of {what} at {', '.join(map(str, tried))}")
