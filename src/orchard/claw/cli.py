@@ -62,6 +62,15 @@ LabelOpt = Annotated[
 ]
 
 
+# Column names of `tasks list` for the keys of `tasks.task_traits`.
+TRAITS = (
+    ("multi-turn", "multi_turn"),
+    ("llm-user", "llm_user"),
+    ("faults", "faults"),
+    ("safety", "safety"),
+)
+
+
 def _fail(message: str) -> typer.Exit:
     err.print(f"error: bad_request: {message}", markup=False)
     return typer.Exit(1)
@@ -135,6 +144,17 @@ def run(
     time_limit: Annotated[float, typer.Option(help="Seconds per trial.")] = 600.0,
     judge: JudgeOpt = None,
     judge_model: JudgeNameOpt = "default",
+    user_model: Annotated[
+        str | None,
+        typer.Option(
+            "--user-model",
+            help="OpenAI-compatible base URL of an LLM playing the simulated user of "
+            "multi-turn tasks (default: their scripted follow-ups).",
+        ),
+    ] = None,
+    user_model_name: Annotated[
+        str, typer.Option("--user-model-name", help="Model name sent to the user endpoint.")
+    ] = "default",
     redo: Annotated[bool, typer.Option("--redo", help="Forget finished trials.")] = False,
     label: LabelOpt = None,
     as_json: JsonOpt = False,
@@ -142,11 +162,18 @@ def run(
     """Run k graded trials of every task; writes results.jsonl, trajectories, summary.json."""
     from orchard.claw.harness import HarnessConfig
     from orchard.claw.runner import model_factory, run_trials
+    from orchard.claw.usersim import user_model_factory
     from orchard.swe.cli import _client, _labels
 
     chosen = _load(tasks, task, category)
     try:
-        config = HarnessConfig(harness, step_limit=step_limit, wall_time_limit_s=time_limit)  # type: ignore[arg-type]
+        users = user_model_factory(user_model, name=user_model_name) if user_model else None
+        config = HarnessConfig(
+            harness,  # type: ignore[arg-type]
+            step_limit=step_limit,
+            wall_time_limit_s=time_limit,
+            user_model=users,
+        )
         params = {"temperature": temperature} if temperature is not None else {}
         factory = model_factory(model, name=model_name, params=params)
     except ValueError as e:
@@ -221,22 +248,49 @@ def export_sft(
 def tasks_list(
     tasks: TasksOpt = None, category: CategoryOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """One line per task: id, category, services, request."""
+    """One line per task (id, category, what it exercises, request), then the counts per
+    category."""
     specs = _load(tasks, None, category)
     if as_json:
         rows = [
-            {"id": s.id, "category": s.category, "services": s.services, "request": s.request}
+            {
+                "id": s.id,
+                "category": s.category,
+                "services": s.services,
+                "request": s.request,
+                **s.traits(),
+            }
             for s in specs
         ]
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
     table = Table(title=f"{len(specs)} Claw tasks")
-    for col in ("id", "category", "services", "request"):
+    table.add_column("id", no_wrap=True)  # whole, to be copied; services: see --json or show
+    for col in ("category", "traits", "request"):
         table.add_column(col)
     for s in specs:
-        request = s.request if len(s.request) <= 70 else s.request[:67] + "..."
-        table.add_row(s.id, s.category, ",".join(s.services), request)
+        t = s.traits()
+        traits = [name for name, on in TRAITS if t[on]]
+        request = s.request if len(s.request) <= 60 else s.request[:57] + "..."
+        table.add_row(s.id, s.category, " ".join(traits), request)
     Console().print(table)
+    counts = Table(title="per category")
+    for i, col in enumerate(("category", "tasks", *(name for name, _ in TRAITS))):
+        counts.add_column(col, justify="left" if i == 0 else "right")
+    for cat, row in _trait_counts(specs).items():
+        counts.add_row(cat, *(str(v) for v in row))
+    Console().print(counts)
+
+
+def _trait_counts(specs: list[TaskSpec]) -> dict[str, list[int]]:
+    """Per category (and "all"): tasks, then how many have each of `TRAITS`."""
+    out: dict[str, list[int]] = {}
+    for s in specs:
+        t = s.traits()
+        row = [1, *(int(bool(t[key])) for _, key in TRAITS)]
+        for cat in (s.category, "all"):
+            out[cat] = [a + b for a, b in zip(out.get(cat, [0] * len(row)), row, strict=True)]
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] == "all", kv[0])))
 
 
 @tasks_app.command("show")

@@ -145,6 +145,17 @@ class TaskSpec(_Strict):
         validate_spec(self, {t.name: t.service for t in TOOLS})
         return self
 
+    def traits(self) -> dict[str, Any]:
+        """What the task exercises, for listings: a multi-turn conversation, a user that needs
+        an LLM to play it well (hidden facts or a goal), injected faults, safety items."""
+        user = self.user
+        return {
+            "multi_turn": bool(user and user.follow_ups),
+            "llm_user": bool(user and (user.hidden_facts or user.goal)),
+            "faults": len(self.faults),
+            "safety": len(self.safety),
+        }
+
     @property
     def instance_id(self) -> str:
         """The id the training glue (BAR, GRPO) keys tasks by."""

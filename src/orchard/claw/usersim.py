@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from orchard.claw.spec import USER_STOP, TaskSpec, UserSim
-from orchard.swe.models import Model
+from orchard.swe.models import Model, OpenAIModel
 
 # The first thing the LLM user reads: the assistant's greeting, so its view starts with a
 # `user` turn (strict chat templates require it) and its own request answers it.
@@ -159,6 +159,15 @@ class LLMUser:
 
     def close(self) -> None:
         getattr(self.model, "close", lambda: None)()
+
+
+def user_model_factory(
+    url: str, *, name: str = "default", params: dict[str, Any] | None = None
+) -> UserModelFactory:
+    """A new client of the OpenAI-compatible endpoint at `url` for each episode."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"user model must be an http(s) URL, not {url!r}")
+    return lambda: OpenAIModel(url, name=name, **(params or {}))
 
 
 def make_user(spec: TaskSpec, factory: UserModelFactory | None) -> SimulatedUser | None:
