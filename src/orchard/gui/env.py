@@ -9,12 +9,15 @@ cookies or storage survive), so a batch worker pays the browser start once.
 
 from __future__ import annotations
 
+import io
 import logging
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 from orchard import Orchard
 from orchard.env.models import NetworkPolicy
@@ -143,6 +146,23 @@ class BrowserEnv:
             self._browser = Browser(self.client, self.sandbox, self.config.viewport)
             self._browser.start()
 
+    def _recover(self) -> bool:
+        """Replace what died: the sandbox (deleted, expired) or Chromium. False if all is well."""
+        gone = self._sandbox is not None and not _sandbox_ready(self._sandbox)
+        crashed = self._browser is not None and self._browser.crash_reason() is not None
+        if gone:
+            log.warning("sandbox %s is gone: creating a new one", self.sandbox.id)
+            self.close()
+        elif crashed:
+            log.warning("Chromium in %s died: starting it again", self.sandbox.id)
+            assert self._browser is not None
+            self._browser.close()
+            self._browser = None
+        else:
+            return False
+        self._ensure_started()
+        return True
+
     def _start_sites(self) -> None:
         sb = self.sandbox
         sb.files.upload_dir(SITES_DIR, SITES_REMOTE_DIR)
@@ -214,8 +234,20 @@ class BrowserEnv:
     # ------------------------------------------------------------ episode
 
     def reset(self, task: WebTask) -> Observation:
-        """Start an episode at `task.web` in a clean browser (and clean sites)."""
-        self._ensure_started()
+        """Start an episode at `task.web` in a clean browser (and clean sites).
+
+        A sandbox that is gone is replaced, and a Chromium that died is started again.
+        """
+        self._done = True
+        try:
+            self._ensure_started()
+            return self._begin(task)
+        except Exception:
+            if not self._recover():
+                raise
+        return self._begin(task)
+
+    def _begin(self, task: WebTask) -> Observation:
         if self._sites_token is not None:
             self._sites_call("POST", "reset")
         browser = self.browser
@@ -228,11 +260,10 @@ class BrowserEnv:
         self._done = False
         error = None
         try:
-            browser.goto(task.web)
+            browser.begin(task.web)
         except ActionFailed as e:
             error = str(e)
-        obs = self._observe(feedback=f"opened {task.web}" if error is None else "", error=error)
-        return obs
+        return self._observe(feedback=f"opened {task.web}" if error is None else "", error=error)
 
     def _observe(self, feedback: str, error: str | None = None) -> Observation:
         obs = self.browser.observe(axtree=self.config.axtree, som_marks=self.config.som)
@@ -256,18 +287,24 @@ class BrowserEnv:
         error: str | None = None
         feedback = ""
         try:
-            parsed = _as_action(action)
-            if parsed.name == "done":
-                self._answer = str(parsed.args.get("answer", ""))
-                feedback = "finished"
-            else:
-                feedback = self.browser.perform(parsed)
-        except ActionError as e:
-            valid, error, feedback = False, str(e), f"invalid action: {e}"
-        except ActionFailed as e:
-            error, feedback = str(e), str(e)
+            try:
+                parsed = _as_action(action)
+                if parsed.name == "done":
+                    self._answer = str(parsed.args.get("answer", ""))
+                    feedback = "finished"
+                else:
+                    feedback = self.browser.perform(parsed)
+            except ActionError as e:
+                valid, error, feedback = False, str(e), f"invalid action: {e}"
+            except ActionFailed as e:
+                error, feedback = str(e), str(e)
+            obs = self._observe(feedback, error)
+        except Exception as e:
+            crash = self.browser.crash_reason()
+            if crash is None:
+                raise
+            return self._crashed(parsed, crash, e)
         self._malformed = 0 if valid else self._malformed + 1
-        obs = self._observe(feedback, error)
         self._history.append((parsed if valid else None, feedback, obs.url))
 
         reason: str | None = None
@@ -297,6 +334,37 @@ class BrowserEnv:
         }
         return obs, reward, self._done, info
 
+    def _crashed(
+        self, parsed: Action | None, crash: str, exc: BaseException
+    ) -> tuple[Observation, float, bool, dict[str, Any]]:
+        """End the episode on a dead browser: an infrastructure failure, not the policy's.
+
+        No judge runs (there is no page to judge); reward 0.0, no verdict, and
+        `reason="browser_crashed"`, which runners count as aborted. The next `reset`
+        starts Chromium (or the sandbox) again.
+        """
+        log.warning("step failed on a dead browser: %s", exc)
+        error = f"the browser crashed: {crash}; the episode ends"
+        obs = Observation(
+            screenshot=blank_png(self.config.viewport),
+            tabs=[],
+            url="",
+            title="",
+            feedback=error,
+            error=error,
+        )
+        self._history.append((parsed, error, ""))
+        self._done = True
+        info = {
+            "step": self._steps,
+            "valid": parsed is not None,
+            "malformed_streak": self._malformed,
+            "answer": self._answer,
+            "reason": "browser_crashed",
+            "verdict": None,
+        }
+        return obs, 0.0, True, info
+
     def _judge(self) -> Verdict | None:
         if self.judge is None:
             return None
@@ -319,6 +387,20 @@ class BrowserEnv:
         except Exception as e:  # a judge failure is "no score", never a crash
             log.warning("judge %s failed: %s", getattr(self.judge, "name", "?"), e)
             return Verdict(success=None, judge=getattr(self.judge, "name", "?"), reason=str(e))
+
+
+def _sandbox_ready(sandbox: Sandbox) -> bool:
+    try:
+        return sandbox.refresh().status == "ready"
+    except Exception:  # deleted (NotFound) or unreachable
+        return False
+
+
+def blank_png(size: tuple[int, int]) -> bytes:
+    """A white PNG of `size`: the screenshot of an observation that has no page."""
+    out = io.BytesIO()
+    Image.new("RGB", size, "white").save(out, format="PNG")
+    return out.getvalue()
 
 
 def _as_action(action: Action | dict[str, Any]) -> Action:
