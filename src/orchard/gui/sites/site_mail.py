@@ -194,7 +194,7 @@ class Mail(SiteBase):
             + f'<form style="display:inline-flex;gap:6px;align-items:center" method="get"'
             f' action="{esc(req.url("/message/" + m["id"] + "/move"))}">'
             '<label for="move" style="margin:0">Move to</label>'
-            '<select id="move" name="folder" style="width:auto">'
+            '<select id="move" aria-label="Move to" name="folder" style="width:auto">'
             f"{options_html(moves, '', 'Choose a folder')}"
             '</select><button type="submit" class="light">Move</button></form>'
         )
@@ -259,11 +259,15 @@ class Mail(SiteBase):
         form = (
             f'<form class="panel" action="{esc(req.url("/send"))}" method="get">'
             f"<h1>New message</h1>{hidden}"
-            f'<label for="to">To</label><input type="text" id="to" name="to" value="{esc(to)}">'
-            f'<label for="cc">Cc</label><input type="text" id="cc" name="cc" value="{esc(cc)}">'
+            '<label for="to">To</label>'
+            f'<input type="text" id="to" aria-label="To" name="to" value="{esc(to)}">'
+            '<label for="cc">Cc</label>'
+            f'<input type="text" id="cc" aria-label="Cc" name="cc" value="{esc(cc)}">'
             '<label for="subject">Subject</label>'
-            f'<input type="text" id="subject" name="subject" value="{esc(subject)}">'
-            f'<label for="body">Message</label><textarea id="body" name="body">{esc(body)}'
+            '<input type="text" id="subject" aria-label="Subject"'
+            f' name="subject" value="{esc(subject)}">'
+            '<label for="body">Message</label>'
+            f'<textarea id="body" aria-label="Message" name="body">{esc(body)}'
             "</textarea>"
             '<button type="submit" name="action" value="send">Send</button>'
             '<button type="submit" name="action" value="draft" class="light">Save draft'

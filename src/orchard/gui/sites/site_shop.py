@@ -156,23 +156,31 @@ class Shop(SiteBase):
         sidebar = (
             f'<form class="panel side" action="{esc(req.url("/search"))}" method="get">'
             "<h2>Filters</h2>"
-            f'<label for="f-q">Keywords</label><input type="text" id="f-q" name="q"'
+            '<label for="f-q">Keywords</label>'
+            '<input type="text" id="f-q" aria-label="Keywords" name="q"'
             f' value="{esc(f["q"])}">'
-            f'<label for="f-cat">Category</label><select id="f-cat" name="category">'
+            '<label for="f-cat">Category</label>'
+            '<select id="f-cat" aria-label="Category" name="category">'
             f"{options_html(cats, f['category'], 'Any category')}</select>"
-            f'<label for="f-brand">Brand</label><select id="f-brand" name="brand">'
+            '<label for="f-brand">Brand</label>'
+            '<select id="f-brand" aria-label="Brand" name="brand">'
             f"{options_html(pairs, f['brand'], 'Any brand')}</select>"
-            f'<label for="f-colour">Colour</label><select id="f-colour" name="colour">'
+            '<label for="f-colour">Colour</label>'
+            '<select id="f-colour" aria-label="Colour" name="colour">'
             f"{options_html([(c, c) for c in colours], f['colour'], 'Any colour')}</select>"
-            f'<label for="f-size">Size</label><select id="f-size" name="size">'
+            f'<label for="f-size">Size</label><select id="f-size" aria-label="Size" name="size">'
             f"{options_html([(s, s) for s in sizes], f['size'], 'Any size')}</select>"
-            '<label for="f-min">Min price ($)</label><input type="number" id="f-min"'
+            '<label for="f-min">Min price ($)</label>'
+            '<input type="number" id="f-min" aria-label="Min price ($)"'
             f' name="min_price" step="0.01" value="{esc(f["min_price"])}">'
-            '<label for="f-max">Max price ($)</label><input type="number" id="f-max"'
+            '<label for="f-max">Max price ($)</label>'
+            '<input type="number" id="f-max" aria-label="Max price ($)"'
             f' name="max_price" step="0.01" value="{esc(f["max_price"])}">'
-            f'<label for="f-rating">Rating</label><select id="f-rating" name="min_rating">'
+            '<label for="f-rating">Rating</label>'
+            '<select id="f-rating" aria-label="Rating" name="min_rating">'
             f"{options_html(ratings, f['min_rating'], 'Any rating')}</select>"
-            f'<label for="f-sort">Sort by</label><select id="f-sort" name="sort">'
+            '<label for="f-sort">Sort by</label>'
+            '<select id="f-sort" aria-label="Sort by" name="sort">'
             f"{options_html(SORTS, sort)}</select>"
             '<button type="submit">Apply filters</button>'
             f'<a class="button light" href="{esc(req.url("/search"))}">Clear</a></form>'
@@ -214,13 +222,14 @@ class Shop(SiteBase):
             f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in p["specs"].items()
         )
         colour = (
-            '<label for="colour">Colour</label><select id="colour" name="colour">'
+            '<label for="colour">Colour</label>'
+            '<select id="colour" aria-label="Colour" name="colour">'
             f"{options_html([(c, c) for c in p['colours']], p['colours'][0])}</select>"
         )
         size = ""
         if p["sizes"]:
             size = (
-                '<label for="size">Size</label><select id="size" name="size">'
+                '<label for="size">Size</label><select id="size" aria-label="Size" name="size">'
                 f"{options_html([(s, s) for s in p['sizes']], '', 'Choose a size')}</select>"
             )
         body = (
@@ -240,7 +249,8 @@ class Shop(SiteBase):
             f'<input type="hidden" name="product" value="{esc(pid)}">'
             f"{colour}{size}"
             '<label for="qty">Quantity</label>'
-            '<input type="number" id="qty" name="qty" value="1" min="1" max="20">'
+            '<input type="number" id="qty" aria-label="Quantity"'
+            ' name="qty" value="1" min="1" max="20">'
             '<button type="submit">Add to cart</button></form></div>'
         )
         return self.render(req, p["name"], body)
@@ -368,7 +378,7 @@ class Shop(SiteBase):
         def field(name: str, label: str) -> str:
             return (
                 f'<label for="c-{name}">{label}</label>'
-                f'<input type="text" id="c-{name}" name="{name}">'
+                f'<input type="text" id="c-{name}" name="{name}" aria-label="{label}">'
             )
 
         body = (

@@ -182,9 +182,10 @@ class Wiki(SiteBase):
             f"<h1>Editing {esc(a['title'])}</h1>"
             f'<input type="hidden" name="page" value="{esc(slug)}">'
             '<label for="text">Article text (links are written [[page|label]])</label>'
-            f'<textarea id="text" name="text" rows="14">{esc(a["text"])}</textarea>'
+            '<textarea id="text" aria-label="Article text"'
+            f' name="text" rows="14">{esc(a["text"])}</textarea>'
             '<label for="summary">Edit summary</label>'
-            '<input type="text" id="summary" name="summary">'
+            '<input type="text" id="summary" aria-label="Edit summary" name="summary">'
             '<button type="submit">Save page</button>'
             f'<a class="button light" href="{esc(req.url("/wiki/" + slug))}">Cancel</a></form>'
         )
