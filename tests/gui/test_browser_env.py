@@ -366,6 +366,48 @@ def test_reset_reuses_the_sandbox_and_starts_clean(env: BrowserEnv) -> None:
     assert js(env, "[document.cookie, localStorage.length, events.length]") == ["", 0, 0]
 
 
+CACHED_JS = """async url => {
+  try { await fetch(url, {cache: 'only-if-cached', mode: 'same-origin'}); return true; }
+  catch (e) { return false; }
+}"""
+STORE_JS = """async () => {
+  document.cookie = 'c=1; max-age=3600';
+  localStorage.setItem('l', '1');
+  sessionStorage.setItem('s', '1');
+  await new Promise((ok, fail) => {
+    const r = indexedDB.open('db');
+    r.onupgradeneeded = () => r.result.createObjectStore('x');
+    r.onsuccess = () => { r.result.close(); ok(); };
+    r.onerror = fail;
+  });
+  await fetch('/page2.html?cached');
+}"""
+STATE_JS = """async () => [
+  document.cookie, localStorage.length, sessionStorage.length, history.length,
+  (await indexedDB.databases()).length,
+  (await navigator.permissions.query({name: 'geolocation'})).state,
+]"""
+
+
+def test_reset_leaves_no_storage_history_cache_or_permission(env: BrowserEnv) -> None:
+    env.reset(LAB)
+    fresh = js(env, STATE_JS)
+    js(env, STORE_JS)
+    env.browser.page.context.grant_permissions(["geolocation"], origin=BASE)
+    act(env, "goto_url", url=f"{BASE}/page2.html")  # a history entry
+    act(env, "new_tab", url=f"{BASE}/submitted.html")
+    act(env, "switch_tab", index=0)
+    assert js(env, STATE_JS) == ["c=1", 1, 1, 2, 1, "granted"]
+    assert js(env, CACHED_JS, "/page2.html?cached")
+
+    obs = env.reset(LAB)
+    assert len(obs.tabs) == 1 and obs.url == LAB.web
+    assert js(env, STATE_JS) == fresh == ["", 0, 0, 1, 0, "prompt"]
+    assert not js(env, CACHED_JS, "/page2.html?cached")
+    obs, _, _, _ = act(env, "go_back")
+    assert obs.error and "no previous page" in obs.error
+
+
 def test_egress_is_blocked_with_a_clear_error(env: BrowserEnv, gui_client: Orchard) -> None:
     """Another sandbox's web server answers the host, but not the browser (egress none)."""
     with gui_client.sandboxes.create(env.sandbox.info.image, network={"egress": "all"}) as other:
