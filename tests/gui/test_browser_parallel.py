@@ -30,7 +30,8 @@ def play(
     with BrowserEnv(client, image=image, judge=StateJudge()) as env:
         obs = env.reset(task)
         errors = [obs.error] if obs.error else []
-        reward, done, info = 0.0, False, {}
+        reward, done = 0.0, False
+        info: dict[str, Any] = {}
         for action in actions:
             obs, reward, done, info = env.step(action)
             if obs.error:

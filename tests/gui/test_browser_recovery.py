@@ -20,14 +20,19 @@ PAGE = "data:text/html,<title>Here</title><button>ok</button>"
 TASK = WebTask(id="crash", ques="Press ok.", web=PAGE)
 
 
-def always_yes(inp: JudgeInput) -> Verdict:
-    return Verdict(success=True, judge="yes")
+class AlwaysYes:
+    """A judge that passes every episode, so a reward of 1.0 shows the judge ran."""
+
+    name = "yes"
+
+    def __call__(self, inp: JudgeInput) -> Verdict:
+        return Verdict(success=True, judge=self.name)
 
 
 @pytest.fixture(scope="module")
 def env(gui_client: Orchard, browser_image: str) -> Iterator[BrowserEnv]:
     config = EnvConfig(sites=False)
-    with BrowserEnv(gui_client, image=browser_image, config=config, judge=always_yes) as env:
+    with BrowserEnv(gui_client, image=browser_image, config=config, judge=AlwaysYes()) as env:
         yield env
 
 
