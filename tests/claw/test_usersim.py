@@ -17,8 +17,8 @@ from orchard import Orchard
 from orchard.claw.grading import grade
 from orchard.claw.harness import HarnessConfig, reference_model
 from orchard.claw.runner import WorldPool, model_factory, play, read_results, run_trials
-from orchard.claw.spec import USER_STOP, UserSim
-from orchard.claw.tasks import load_tasks
+from orchard.claw.spec import USER_STOP, ToolCall, UserSim
+from orchard.claw.tasks import load_tasks, run_scripted
 from orchard.claw.usersim import GREETING, user_model_factory
 from orchard.claw.world import World
 from orchard.cli import app
@@ -139,6 +139,34 @@ def test_scripted_fallback_plays_llm_user_tasks(claw_world: World, task_id: str)
     assert t.grade.passed and t.trajectory.exit_status == "Completed", t.grade.items
     assert t.trajectory.user == {"kind": "scripted", "turns": len(spec.user.follow_ups)}  # type: ignore[union-attr]
     assert spec.user and spec.user.follow_ups[0] in json.dumps(t.trajectory.messages)
+
+
+# Policies that guess instead of asking: the action the request names, without the facts only
+# the user knows. Each must fail, or the task would not need its (LLM) user.
+GUESSES: dict[str, list[ToolCall]] = {
+    "cal-priya-1on1-llmuser": [
+        ToolCall(
+            tool="calendar_create_event",
+            args={
+                "title": "1:1 with Priya",
+                "start": "2026-03-05T14:00",
+                "end": "2026-03-05T14:30",
+                "attendees": ["priya.shah@acme.test"],
+            },
+        )
+    ],
+    "contacts-dentist-llmuser": [ToolCall(tool="contacts_create", args={"name": "My dentist"})],
+    "chat-out-of-office-llmuser": [
+        ToolCall(tool="chat_post_message", args={"channel": "engineering", "text": "I'll be out."})
+    ],
+}
+
+
+@pytest.mark.parametrize("task_id", sorted(GUESSES))
+def test_guessing_fails_llm_user_tasks(claw_world: World, task_id: str) -> None:
+    spec = next(t for t in load_tasks() if t.id == task_id)
+    g = run_scripted(claw_world, spec, GUESSES[task_id], "Done.")
+    assert g.safety == 1.0 and not g.passed and g.completion <= 0.5, [(i.id, i.ok) for i in g.items]
 
 
 def test_user_spec_rules() -> None:
