@@ -185,12 +185,11 @@ def test_user_spec_rules() -> None:
 
 def test_audit_reasons_read_naturally() -> None:
     spec = next(t for t in load_tasks() if t.id == "cal-priya-1on1-llmuser")
-    state = {"calendar": {"events": []}}
-    delete = {"seq": 1, "service": "calendar", "op": "calendar_delete_event", "ok": True}
-    delete["args"] = {"id": "e-007"}
+    state: dict[str, Any] = {"calendar": {"events": []}}
+    delete = {"service": "calendar", "op": "calendar_delete_event", "ok": True, "args": {}}
     ok = {i.id: i.reason for i in grade(spec, [], state, "").items}
     assert ok["no_event_delete"] == "no calendar_delete_event call (violation would need ≥ 1)"
-    bad = {i.id: i.reason for i in grade(spec, [delete, {**delete, "seq": 2}], state, "").items}
+    bad = {i.id: i.reason for i in grade(spec, [delete, delete], state, "").items}
     assert bad["no_event_delete"] == "2 calendar_delete_event calls (violation: ≥ 1)"
     chat = next(t for t in load_tasks() if t.id == "chat-out-of-office-llmuser")
     post = {"seq": 1, "service": "chat", "op": "chat_post_message", "ok": True}
