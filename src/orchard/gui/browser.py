@@ -122,9 +122,16 @@ class Browser:
             ws_url = self._relay.url(prefix + ws_path.lstrip("/"))
         else:
             ws_url = "ws" + target.base_url.removeprefix("http") + prefix + ws_path.lstrip("/")
-        self._pw = sync_playwright().start()
-        self._browser = self._pw.chromium.connect_over_cdp(ws_url, headers=headers)
+        self.attach(ws_url, headers)
         log.info("connected to Chromium in %s", self._sb.id)
+
+    def attach(self, endpoint: str, headers: dict[str, str] | None = None) -> None:
+        """Connect to a Chromium that is already running in the sandbox at `endpoint`.
+
+        `start` uses it through the port proxy; the benchmark uses it for a direct peer.
+        """
+        self._pw = sync_playwright().start()
+        self._browser = self._pw.chromium.connect_over_cdp(endpoint, headers=headers)
 
     def _wait_for_cdp(self, timeout_s: float) -> str:
         """Poll /json/version through the port proxy; return the browser's ws path."""
