@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -19,7 +19,10 @@ train_app = typer.Typer(
     "  orchard train sft-data runs/distill/dataset.jsonl --tokenizer Qwen/Qwen3-8B "
     "--judge rule --tasks sample --out data/sft\n\n"
     "  orchard train sft --model Qwen/Qwen3-8B --data data/sft/dataset --out ckpt/sft --lora\n\n"
-    "  orchard train grpo --model ckpt/sft/final --tasks sample --out ckpt/rl --max-steps 100",
+    "  orchard train grpo --model ckpt/sft/final --tasks sample --out ckpt/rl --max-steps 100\n\n"
+    "  orchard train grpo --env claw --category mail --model ckpt/sft/final --out ckpt/rl-claw\n\n"
+    "  orchard train grpo --env gui --task wiki-lighthouse-year --model ckpt/sft/final "
+    "--out ckpt/rl-gui",
     no_args_is_help=True,
 )
 err = Console(stderr=True, highlight=False)
@@ -33,7 +36,7 @@ TasksOpt = Annotated[
 
 
 def _fail(code: str, message: str) -> typer.Exit:
-    err.print(f"error: {code}: {message}", markup=False)
+    err.print(f"error: {code}: {message}", markup=False, soft_wrap=True)  # one line
     return typer.Exit(1)
 
 
@@ -181,17 +184,94 @@ def sft(
     _emit(result, as_json, "SFT")
 
 
+EnvOpt = Annotated[
+    str, typer.Option("--env", "-e", help="swe (SWE harness), gui (web agent) or claw (tools).")
+]
+TaskIdOpt = Annotated[
+    list[str] | None, typer.Option("--task", "-t", help="gui/claw: only this task id (repeatable).")
+]
+CategoryOpt = Annotated[
+    list[str] | None,
+    typer.Option("--category", help="gui/claw: only this category (repeatable)."),
+]
+
+
+def _select(tasks: list[Any], ids: list[str] | None, categories: list[str] | None) -> list[Any]:
+    """A shipped set narrowed to `--task` ids and `--category` names (an unknown id fails)."""
+    if ids:
+        missing = set(ids) - {t.instance_id for t in tasks}
+        if missing:
+            raise _fail("bad_request", f"unknown task id(s): {', '.join(sorted(missing))}")
+        tasks = [t for t in tasks if t.instance_id in ids]
+    if categories:
+        tasks = [t for t in tasks if t.category in categories]
+    if not tasks:
+        raise _fail("bad_request", "no tasks chosen")
+    return tasks
+
+
+def _gui_tasks(spec: str) -> list[Any]:
+    from orchard.gui.tasks import load_tasks, sample_tasks
+
+    try:
+        return sample_tasks() if spec == "sample" else load_tasks(Path(spec))
+    except (OSError, ValueError, KeyError) as e:
+        raise _fail("bad_request", str(e)) from e
+
+
+def _claw_tasks(spec: str) -> list[Any]:
+    from orchard.claw.tasks import TaskLoadError, load_tasks
+
+    try:
+        return load_tasks(None if spec == "sample" else spec)
+    except TaskLoadError as e:
+        raise _fail("bad_request", str(e)) from e
+
+
 @train_app.command("grpo")
 def grpo(
     model: Annotated[str, typer.Option("--model", help="Policy model (folder or name).")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Checkpoints and final model.")],
-    tasks: TasksOpt = "sample",
+    env: EnvOpt = "swe",
+    tasks: Annotated[
+        str,
+        typer.Option(
+            "--tasks",
+            help="`sample` (the shipped set of the env) or a task file: SWE .jsonl/.json/"
+            ".parquet or datasets folder, GUI task file, Claw spec file or folder.",
+        ),
+    ] = "sample",
+    task: TaskIdOpt = None,
+    category: CategoryOpt = None,
     max_steps: Annotated[int, typer.Option("--max-steps")] = 100,
     group_size: Annotated[int, typer.Option("--group-size", help="N per task.")] = 4,
     max_samples: Annotated[int, typer.Option("--max-samples", help="M per task.")] = 8,
     stride: Annotated[int, typer.Option("--stride", help="S, concurrent.")] = 8,
     harness: Annotated[
-        Path | None, typer.Option("--harness", help="Harness YAML (default: the built-in one).")
+        Path | None,
+        typer.Option("--harness", help="swe: harness YAML (default: the built-in one)."),
+    ] = None,
+    step_limit: Annotated[
+        int | None, typer.Option("--step-limit", min=1, help="gui/claw: model turns per episode.")
+    ] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", "-w", min=1, help="gui: browsers; claw: worlds.")
+    ] = 1,
+    judge: Annotated[
+        str, typer.Option("--judge", help="gui: state, webvoyager or webjudge.")
+    ] = "state",
+    judge_url: Annotated[
+        str | None,
+        typer.Option("--judge-url", help="LLM judge base URL (gui: LLM judges; claw: rubric)."),
+    ] = None,
+    judge_model: Annotated[str, typer.Option("--judge-model", help="Judge model name.")] = (
+        "default"
+    ),
+    reward: Annotated[
+        str, typer.Option("--reward", help="claw: pass (+1/-1) or score (score - 0.75).")
+    ] = "pass",
+    label: Annotated[
+        list[str] | None, typer.Option("--label", "-l", help="K=V on every sandbox (repeatable).")
     ] = None,
     config: Annotated[
         Path | None,
@@ -199,13 +279,17 @@ def grpo(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """GRPO with BAR: episodes run the SWE harness in Orchard sandboxes (ORCHARD_URL, or an
-    embedded service on the local Docker engine) and are graded there."""
-    from orchard.cli import _client
-    from orchard.swe.harness import load_config
-    from orchard.swe.tasks import load_tasks
-    from orchard.train.grpo import GRPORunConfig, run_grpo
+    """GRPO with BAR on one environment's tasks, episodes in Orchard sandboxes (ORCHARD_URL,
+    or an embedded service on the local Docker engine): `swe` graded by the tests, `gui`
+    (text observations, whole-chat context) by its judge, `claw` by the task's rubric."""
+    from orchard.cli import _client, _pairs
+    from orchard.train.grpo import GRPORunConfig
+    from orchard.train.rollout import RolloutFailed
 
+    if env not in ("swe", "gui", "claw"):
+        raise _fail("bad_request", "--env must be swe, gui or claw")
+    if reward not in ("pass", "score"):
+        raise _fail("bad_request", "--reward must be pass or score")
     fields = {
         "model": model,
         "output_dir": str(out_dir),
@@ -213,10 +297,64 @@ def grpo(
         "group_size": group_size,
         "max_samples": max_samples,
         "stride": stride,
+        **({"concurrency": workers} if env == "claw" else {}),
         **_overrides(config),
     }
     cfg = GRPORunConfig(**fields)
-    agent_config, _ = load_config(harness)
-    with _client() as client, _quiet_stdout():
-        metrics, _rollout = run_grpo(cfg, load_tasks(tasks or "sample"), client, agent_config)
-    _emit(metrics, as_json, "GRPO")
+    labels = _pairs(label, "--label")
+    try:
+        if env == "swe":
+            from orchard.swe.harness import load_config
+            from orchard.swe.tasks import load_tasks
+            from orchard.train.grpo import run_grpo
+
+            agent_config, _ = load_config(harness)
+            with _client() as client, _quiet_stdout():
+                metrics, _ = run_grpo(cfg, load_tasks(tasks), client, agent_config, labels=labels)
+        elif env == "gui":
+            from orchard.gui.env import EnvConfig
+            from orchard.gui.harness import GuiAgentConfig
+            from orchard.gui.judges import make_judge
+            from orchard.train.grpo import run_gui_grpo
+
+            chosen = _select(_gui_tasks(tasks), task, category)
+            try:
+                the_judge = make_judge(
+                    judge, model_url=judge_url, model_name=judge_model, cache_dir=out_dir / "judge"
+                )
+            except ValueError as e:
+                raise _fail("bad_request", str(e)) from e
+            # the policy reads text: the accessibility tree, in one growing chat (token-exact)
+            agent = GuiAgentConfig(observation="text", context="chat")
+            env_cfg = EnvConfig(labels=labels)
+            env_cfg.max_steps = step_limit or env_cfg.max_steps
+            with _client() as client, _quiet_stdout():
+                metrics, _ = run_gui_grpo(
+                    cfg, chosen, client, agent, env_config=env_cfg, judge=the_judge, workers=workers
+                )
+        else:
+            from orchard.claw.grading import LLMRubricJudge
+            from orchard.claw.harness import HarnessConfig
+            from orchard.claw.runner import WorldPool, world_starter
+            from orchard.swe.models import OpenAIModel
+            from orchard.train.grpo import run_claw_grpo
+
+            chosen = _select(_claw_tasks(tasks), task, category)
+            rubric = None
+            if judge_url:
+                judge_llm = OpenAIModel(judge_url, name=judge_model, temperature=0.0)
+                rubric = LLMRubricJudge(judge_llm, cache_dir=out_dir / "judge")
+            harness_cfg = HarnessConfig()
+            harness_cfg.step_limit = step_limit or harness_cfg.step_limit
+            kind: Literal["pass", "score"] = "score" if reward == "score" else "pass"
+            with _client() as client, _quiet_stdout():
+                worlds = WorldPool(world_starter(client, labels))
+                try:
+                    metrics, _ = run_claw_grpo(
+                        cfg, chosen, worlds, harness_cfg, reward=kind, judge=rubric
+                    )
+                finally:
+                    worlds.close()
+    except RolloutFailed as e:  # every episode of a step failed: an infrastructure problem
+        raise _fail("rollout_failed", str(e)) from e
+    _emit(metrics, as_json, f"GRPO ({env})")

@@ -362,6 +362,10 @@ def reward_from_rollout(
     return [float(r) for r in rollout_reward]
 
 
+class RolloutFailed(RuntimeError):
+    """No episode of a step produced tokens (sandboxes or worlds failed): nothing to train."""
+
+
 @dataclass
 class BARStats:
     tasks: int = 0
@@ -457,6 +461,9 @@ class BARRolloutFunc:
                     out["rollout_reward"].append(ep.reward if ep.reward is not None else 0.0)
                     out["instance_id"].append(r.instance_id)
                     out["exit_status"].append(r.exit_status or "aborted")
+        if not any(out["prompt_ids"]):  # nothing to train on: say why, not a tensor error
+            errors = [ep.payload.error for res in self.results for ep in res.group if ep.payload]
+            raise RolloutFailed(f"every episode failed: {next(filter(None, errors), 'no tokens')}")
         return out
 
 
