@@ -76,9 +76,11 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
-def _load(
+def select_tasks(
     path: Path | None, ids: list[str] | None = None, categories: list[str] | None = None
 ) -> list[TaskSpec]:
+    """The specs at `path` (None: the shipped ones) narrowed to `ids` (an unknown one fails)
+    and `categories`."""
     from orchard.claw.tasks import TaskLoadError, load_tasks
 
     try:
@@ -95,7 +97,7 @@ def _load(
     return specs
 
 
-def _judge(url: str | None, name: str, cache: Path | None) -> RubricJudge | None:
+def rubric_judge(url: str | None, name: str, cache: Path | None) -> RubricJudge | None:
     if url is None:
         return None
     from orchard.claw.grading import LLMRubricJudge
@@ -165,7 +167,7 @@ def run(
     from orchard.claw.usersim import user_model_factory
     from orchard.swe.cli import _client, _labels
 
-    chosen = _load(tasks, task, category)
+    chosen = select_tasks(tasks, task, category)
     try:
         users = user_model_factory(user_model, name=user_model_name) if user_model else None
         config = HarnessConfig(
@@ -187,7 +189,7 @@ def run(
             out,
             k=k,
             workers=workers,
-            judge=_judge(judge, judge_model, out / "judge-cache"),
+            judge=rubric_judge(judge, judge_model, out / "judge-cache"),
             redo=redo,
             labels=_labels(label),
         )
@@ -215,7 +217,10 @@ def eval_(
         raise _fail(f"no results.jsonl in {out}")
     if regrade or judge:
         summary = do_regrade(
-            _load(tasks), out, k=k, judge=_judge(judge, judge_model, out / "judge-cache")
+            select_tasks(tasks),
+            out,
+            k=k,
+            judge=rubric_judge(judge, judge_model, out / "judge-cache"),
         )
     else:
         summary = write_summary(out, k, [r for r in rows if r["trial"] < k])
@@ -250,7 +255,7 @@ def tasks_list(
 ) -> None:
     """One line per task (id, category, what it exercises, request), then the counts per
     category."""
-    specs = _load(tasks, None, category)
+    specs = select_tasks(tasks, None, category)
     if as_json:
         rows = [
             {
@@ -298,7 +303,7 @@ def tasks_show(
     task_id: Annotated[str, typer.Argument(help="A task id.")], tasks: TasksOpt = None
 ) -> None:
     """Print one spec as JSON."""
-    (spec,) = _load(tasks, [task_id])
+    (spec,) = select_tasks(tasks, [task_id])
     sys.stdout.write(json.dumps(spec.model_dump(mode="json"), indent=2) + "\n")
 
 
@@ -316,7 +321,7 @@ def tasks_validate(
     as_json: JsonOpt = False,
 ) -> None:
     """Load and check specs (schema, tools, checks); --run also plays both scripted policies."""
-    specs = _load(tasks, task)
+    specs = select_tasks(tasks, task)
     problems: dict[str, str] = {}
     if run_policies:
         from orchard.claw.synthesize import DraftError, check_draft
@@ -368,7 +373,7 @@ def synthesize(
     from orchard.swe.cli import _client, _labels
     from orchard.swe.models import OpenAIModel
 
-    shown = _load(examples)
+    shown = select_tasks(examples)
     drafter = OpenAIModel(
         model, name=model_name, temperature=temperature, extra_body={"seed": seed}
     )

@@ -63,7 +63,10 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
-def _load(tasks: str, ids: list[str] | None) -> list[WebTask]:
+def select_tasks(
+    tasks: str, ids: list[str] | None, categories: list[str] | None = None
+) -> list[WebTask]:
+    """`--tasks` narrowed to `--task` ids (an unknown one fails) and `--category` names."""
     from orchard.gui.tasks import load_tasks, sample_tasks
 
     try:
@@ -76,10 +79,12 @@ def _load(tasks: str, ids: list[str] | None) -> list[WebTask]:
         if missing:
             raise _fail(f"no task {', '.join(missing)} in {tasks}")
         chosen = [t for t in chosen if t.id in set(ids)]
+    if categories:
+        chosen = [t for t in chosen if t.category in categories]
     return chosen
 
 
-def _judge(spec: str, url: str | None, name: str, cache: Path | None) -> Judge:
+def web_judge(spec: str, url: str | None, name: str, cache: Path | None) -> Judge:
     from orchard.gui.judges import make_judge
 
     try:
@@ -118,7 +123,7 @@ def tasks_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """List the tasks (or show the chosen ones in full with --task)."""
-    chosen = _load(tasks, task)
+    chosen = select_tasks(tasks, task)
     if as_json:
         sys.stdout.write(json.dumps([t.to_dict() for t in chosen], indent=2) + "\n")
         return
@@ -188,8 +193,8 @@ def run(
 
     if observation not in ("image", "text") or context not in ("latest", "chat"):
         raise _fail("--observation must be image or text, --context latest or chat")
-    chosen = _load(tasks, task)
-    the_judge = _judge(judge, judge_url, judge_model, out / "judge-cache")
+    chosen = select_tasks(tasks, task)
+    the_judge = web_judge(judge, judge_url, judge_model, out / "judge-cache")
     cfg = GuiAgentConfig(observation=observation, context=context, som=som)  # type: ignore[arg-type]
     try:
         factory = model_factory(model, cfg, name=model_name)
@@ -229,8 +234,8 @@ def eval_(
     """Judge a saved run again with any judge; writes eval/<judge>.json per task."""
     from orchard.gui.runner import evaluate
 
-    chosen = _load(tasks, None)
-    the_judge = _judge(judge, judge_url, judge_model, out / "judge-cache")
+    chosen = select_tasks(tasks, None)
+    the_judge = web_judge(judge, judge_url, judge_model, out / "judge-cache")
     summary = evaluate(chosen, out, the_judge, workers=workers, redo=redo)
     _print_summary(summary, as_json, f"GUI eval ({judge} judge)")
 

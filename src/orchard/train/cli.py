@@ -7,11 +7,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from orchard.claw.grading import RubricJudge
+    from orchard.gui.types import Judge as WebJudge
+    from orchard.train.grpo import GRPORunConfig
 
 train_app = typer.Typer(
     help="Training: credit-assignment SFT data, SFT, and GRPO with Balanced Adaptive Rollout.",
@@ -196,36 +201,60 @@ CategoryOpt = Annotated[
 ]
 
 
-def _select(tasks: list[Any], ids: list[str] | None, categories: list[str] | None) -> list[Any]:
-    """A shipped set narrowed to `--task` ids and `--category` names (an unknown id fails)."""
-    if ids:
-        missing = set(ids) - {t.instance_id for t in tasks}
-        if missing:
-            raise _fail("bad_request", f"unknown task id(s): {', '.join(sorted(missing))}")
-        tasks = [t for t in tasks if t.instance_id in ids]
-    if categories:
-        tasks = [t for t in tasks if t.category in categories]
+def _some(tasks: list[Any]) -> list[Any]:
     if not tasks:
         raise _fail("bad_request", "no tasks chosen")
     return tasks
 
 
-def _gui_tasks(spec: str) -> list[Any]:
-    from orchard.gui.tasks import load_tasks, sample_tasks
+def _grpo_gui(
+    cfg: GRPORunConfig,
+    tasks: list[Any],
+    judge: WebJudge,
+    labels: dict[str, str],
+    step_limit: int | None,
+    workers: int,
+) -> dict[str, Any]:
+    from orchard.cli import _client
+    from orchard.gui.env import EnvConfig
+    from orchard.gui.harness import GuiAgentConfig
+    from orchard.train.grpo import run_gui_grpo
 
-    try:
-        return sample_tasks() if spec == "sample" else load_tasks(Path(spec))
-    except (OSError, ValueError, KeyError) as e:
-        raise _fail("bad_request", str(e)) from e
+    # the policy reads text (the accessibility tree) in one growing chat: token-exact
+    agent = GuiAgentConfig(observation="text", context="chat")
+    env_cfg = EnvConfig(labels=labels)
+    env_cfg.max_steps = step_limit or env_cfg.max_steps
+    with _client() as client, _quiet_stdout():
+        metrics, _ = run_gui_grpo(
+            cfg, tasks, client, agent, env_config=env_cfg, judge=judge, workers=workers
+        )
+    return metrics
 
 
-def _claw_tasks(spec: str) -> list[Any]:
-    from orchard.claw.tasks import TaskLoadError, load_tasks
+def _grpo_claw(
+    cfg: GRPORunConfig,
+    tasks: list[Any],
+    judge: RubricJudge | None,
+    labels: dict[str, str],
+    step_limit: int | None,
+    dense: bool,
+) -> dict[str, Any]:
+    from orchard.claw.harness import HarnessConfig
+    from orchard.claw.runner import WorldPool, world_starter
+    from orchard.cli import _client
+    from orchard.train.grpo import run_claw_grpo
 
-    try:
-        return load_tasks(None if spec == "sample" else spec)
-    except TaskLoadError as e:
-        raise _fail("bad_request", str(e)) from e
+    harness = HarnessConfig()
+    harness.step_limit = step_limit or harness.step_limit
+    with _client() as client, _quiet_stdout():
+        worlds = WorldPool(world_starter(client, labels))
+        try:
+            metrics, _ = run_claw_grpo(
+                cfg, tasks, worlds, harness, reward="score" if dense else "pass", judge=judge
+            )
+        finally:
+            worlds.close()
+    return metrics
 
 
 @train_app.command("grpo")
@@ -312,49 +341,18 @@ def grpo(
             with _client() as client, _quiet_stdout():
                 metrics, _ = run_grpo(cfg, load_tasks(tasks), client, agent_config, labels=labels)
         elif env == "gui":
-            from orchard.gui.env import EnvConfig
-            from orchard.gui.harness import GuiAgentConfig
-            from orchard.gui.judges import make_judge
-            from orchard.train.grpo import run_gui_grpo
+            from orchard.gui.cli import select_tasks, web_judge
 
-            chosen = _select(_gui_tasks(tasks), task, category)
-            try:
-                the_judge = make_judge(
-                    judge, model_url=judge_url, model_name=judge_model, cache_dir=out_dir / "judge"
-                )
-            except ValueError as e:
-                raise _fail("bad_request", str(e)) from e
-            # the policy reads text: the accessibility tree, in one growing chat (token-exact)
-            agent = GuiAgentConfig(observation="text", context="chat")
-            env_cfg = EnvConfig(labels=labels)
-            env_cfg.max_steps = step_limit or env_cfg.max_steps
-            with _client() as client, _quiet_stdout():
-                metrics, _ = run_gui_grpo(
-                    cfg, chosen, client, agent, env_config=env_cfg, judge=the_judge, workers=workers
-                )
+            chosen = _some(select_tasks(tasks, task, category))
+            gui_judge = web_judge(judge, judge_url, judge_model, out_dir / "judge")
+            metrics = _grpo_gui(cfg, chosen, gui_judge, labels, step_limit, workers)
         else:
-            from orchard.claw.grading import LLMRubricJudge
-            from orchard.claw.harness import HarnessConfig
-            from orchard.claw.runner import WorldPool, world_starter
-            from orchard.swe.models import OpenAIModel
-            from orchard.train.grpo import run_claw_grpo
+            from orchard.claw.cli import rubric_judge
+            from orchard.claw.cli import select_tasks as claw_tasks
 
-            chosen = _select(_claw_tasks(tasks), task, category)
-            rubric = None
-            if judge_url:
-                judge_llm = OpenAIModel(judge_url, name=judge_model, temperature=0.0)
-                rubric = LLMRubricJudge(judge_llm, cache_dir=out_dir / "judge")
-            harness_cfg = HarnessConfig()
-            harness_cfg.step_limit = step_limit or harness_cfg.step_limit
-            kind: Literal["pass", "score"] = "score" if reward == "score" else "pass"
-            with _client() as client, _quiet_stdout():
-                worlds = WorldPool(world_starter(client, labels))
-                try:
-                    metrics, _ = run_claw_grpo(
-                        cfg, chosen, worlds, harness_cfg, reward=kind, judge=rubric
-                    )
-                finally:
-                    worlds.close()
+            specs = claw_tasks(None if tasks == "sample" else Path(tasks), task, category)
+            rubric = rubric_judge(judge_url, judge_model, out_dir / "judge")
+            metrics = _grpo_claw(cfg, _some(specs), rubric, labels, step_limit, reward == "score")
     except RolloutFailed as e:  # every episode of a step failed: an infrastructure problem
         raise _fail("rollout_failed", str(e)) from e
     _emit(metrics, as_json, f"GRPO ({env})")
