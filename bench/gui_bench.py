@@ -258,7 +258,7 @@ def main(cleanup: common.Cleanup) -> int:
     out["memory"] = memory
     out["screenshot_png_kib_p50"] = statistics.median(png_kib)
     out["markdown"] = md
-    common.write_json("gui", out)
+    common.write_json("gui_bench", out)
     return 0
 
 

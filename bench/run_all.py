@@ -1,4 +1,4 @@
-"""Run the five benchmarks (`make bench`), then write the plot and a Markdown summary.
+"""Run the six benchmarks (`make bench`), then write the plot and a Markdown summary.
 
 Each benchmark runs as its own process, so each cleans up after itself even if another
 failed; a Ctrl-C here reaches the running one (same process group) and it unwinds.
@@ -22,13 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 BENCH = Path(__file__).resolve().parent
-ALL = ("footprint", "exec", "create", "files", "stress")
+ALL = ("footprint", "exec", "create", "files", "stress", "gui")
 FILES = {
     "footprint": "footprint",
     "exec": "exec_latency",
     "create": "create_latency",
     "files": "files",
     "stress": "stress",
+    "gui": "gui_bench",
 }
 
 
@@ -88,6 +89,7 @@ def main() -> int:
         "create": ["--n", "5", "--concurrent-n", "32", "--rounds", "1"],
         "files": ["--reps", "1"],
         "stress": ["--n", "100", "--floor-n", "50"],
+        "gui": ["--quick"],
     }
     py = sys.executable
     failed = []
