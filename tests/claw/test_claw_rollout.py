@@ -12,9 +12,10 @@ from orchard.claw.harness import HarnessConfig
 from orchard.claw.rollout import ClawEpisodeResult, ClawRolloutRunner, claw_runner_factory
 from orchard.claw.world import World
 from orchard.train.bar import Outcome
-from orchard.train.grpo import GRPORunConfig, train_grpo
+from orchard.train.grpo import train_grpo
 from orchard.train.rollout import Generation
 from orchard.train.tiny import build_model, build_tokenizer
+from tests.train.tiny_grpo import tiny_grpo_config
 
 from .test_harness import HOODIES, TAGS, TODO_SPEC, shared
 
@@ -74,19 +75,7 @@ def test_solving_policy_is_rewarded_by_the_grade(claw_world: World, tokenizer: A
 
 def test_grpo_step_with_the_tiny_model(claw_world: World, tokenizer: Any, tmp_path: Path) -> None:
     """One TRL GRPO step (`train_grpo`) whose rollouts are BAR groups of graded Claw episodes."""
-    cfg = GRPORunConfig(
-        model="tiny",
-        output_dir=str(tmp_path / "grpo"),
-        group_size=2,
-        max_samples=2,
-        stride=2,
-        max_steps=1,
-        max_tokens_per_turn=8,
-        learning_rate=1e-5,
-        save_steps=10,
-        max_replacements=0,
-        concurrency=1,  # one shared world
-    )
+    cfg = tiny_grpo_config(tmp_path / "grpo", max_tokens_per_turn=8, concurrency=1)  # 1 world
     # the task with the two search tools only: a short prompt keeps CPU sampling quick
     short = TODO_SPEC.model_copy(update={"services": ["search"]})
     factory = claw_runner_factory(

@@ -24,11 +24,11 @@ from orchard.gui.tasks import sample_tasks
 from orchard.gui.types import WebTask
 from orchard.swe.models import OpenAIModel
 from orchard.train.bar import BARConfig, Outcome, bar_rollout
-from orchard.train.grpo import GRPORunConfig, train_grpo
+from orchard.train.grpo import train_grpo
 from orchard.train.rollout import HFGenerator
-from orchard.train.tiny import build_model
 from orchard.train.tokenize import Trajectory, tokenize_trajectory
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
+from tests.train.tiny_grpo import teach, tiny_grpo_config
 
 # a short prompt: the tiny model is taught on it in seconds
 CONFIG = GuiAgentConfig(
@@ -124,16 +124,9 @@ def taught(factory: GuiRunnerFactory, task: WebTask, tokenizer: Any) -> Any:
     prompt = traj.turns[0]["prompt"]
     assert [m["role"] for m in prompt] == ["system", "user"]
     assert "Current page:\nURL: http://wiki.localhost:8000/" in prompt[1]["content"]
-    sample = tokenize_trajectory(Trajectory([*prompt, ANSWER], CONFIG.tools()), tokenizer)
-    assert sample.n_loss_tokens > 10
-    model = build_model(tokenizer, seed=0)
-    ids, labels = torch.tensor([sample.input_ids]), torch.tensor([sample.labels])
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-3)
-    for _ in range(60):
-        model(input_ids=ids, labels=labels).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return model
+    trajectory = Trajectory([*prompt, ANSWER], CONFIG.tools())
+    assert tokenize_trajectory(trajectory, tokenizer).n_loss_tokens > 10
+    return teach(tokenizer, trajectory, steps=60, lr=6e-3)
 
 
 def _check(ep: Any) -> GuiEpisodeResult:
@@ -197,19 +190,8 @@ def test_grpo_step_with_bar_over_the_browser(
     factory: GuiRunnerFactory, taught: Any, task: WebTask, tokenizer: Any, tmp_path: Path
 ) -> None:
     """One real TRL GRPO step (`train_grpo`) whose rollouts are judged GUI episodes."""
-    cfg = GRPORunConfig(
-        model="tiny",
-        output_dir=str(tmp_path / "grpo"),
-        group_size=2,
-        max_samples=4,
-        stride=2,
-        max_steps=1,
-        max_tokens_per_turn=60,
-        temperature=0.7,
-        top_p=1.0,
-        learning_rate=1e-5,
-        save_steps=10,
-        max_replacements=0,
+    cfg = tiny_grpo_config(
+        tmp_path / "grpo", max_samples=4, max_tokens_per_turn=60, temperature=0.7, top_p=1.0
     )
     metrics, rollout = train_grpo(cfg, [task], factory, taught, tokenizer)
     assert metrics["global_step"] == 1

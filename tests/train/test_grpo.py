@@ -12,15 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from orchard import Orchard
 from orchard.swe.harness import AgentConfig, load_config
 from orchard.swe.tasks import Task
-from orchard.train.grpo import GRPORunConfig, run_grpo
+from orchard.train.grpo import run_grpo
 from orchard.train.rollout import EpisodeResult
-from orchard.train.tiny import build_model
-from orchard.train.tokenize import IncrementalChat, Trajectory, tokenize_trajectory
+from orchard.train.tokenize import IncrementalChat, Trajectory
+from tests.train.tiny_grpo import teach, tiny_grpo_config
 
 SOLUTION = (
     "THOUGHT: sort first.\n\n```bash\nsed -i 's/for iv in intervals:/for iv in sorted(intervals):/'"
@@ -46,35 +45,17 @@ def taught_model(tokenizer: Any, task: Task, cfg: AgentConfig) -> Any:
         {"role": "user", "content": cfg.render(cfg.instance_template, task=task.problem_statement)},
         {"role": "assistant", "content": SOLUTION},
     ]
-    sample = tokenize_trajectory(Trajectory(msgs), tokenizer)
-    model = build_model(tokenizer, seed=0)
-    ids, labels = torch.tensor([sample.input_ids]), torch.tensor([sample.labels])
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(160):
-        model(input_ids=ids, labels=labels).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return model
+    return teach(tokenizer, Trajectory(msgs), steps=160, lr=3e-3)
 
 
 def test_grpo_two_steps_with_bar(
     tokenizer: Any, task: Task, agent_config: AgentConfig, client: Orchard, tmp_path: Path
 ) -> None:
     model = taught_model(tokenizer, task, agent_config)
-    cfg = GRPORunConfig(
-        model="tiny",
-        output_dir=str(tmp_path / "grpo"),
-        group_size=2,
-        max_samples=4,
-        stride=2,
-        max_steps=2,
-        max_tokens_per_turn=100,
-        temperature=0.7,
-        top_p=1.0,
-        learning_rate=1e-5,
-        max_replacements=1,
-        save_steps=2,
-    )
+    cfg = tiny_grpo_config(
+        tmp_path / "grpo", max_samples=4, max_steps=2, max_tokens_per_turn=100,
+        temperature=0.7, top_p=1.0, max_replacements=1, save_steps=2,
+    )  # fmt: skip
     metrics, rollout = run_grpo(cfg, [task], client, agent_config, model=model, tokenizer=tokenizer)
     assert metrics["global_step"] == 2
     assert (Path(metrics["final"]) / "model.safetensors").is_file()
