@@ -170,3 +170,29 @@ def test_export_sft(
     everything = export_sft(run_dir, tmp_path / "all", only_success=False)
     assert len(everything) == len(actions) + 1
     assert export_sft(run_dir, tmp_path / "by-judge", judge="webvoyager") == []
+
+
+def test_an_endpoint_failure_is_retried_on_resume_not_kept_as_a_result(
+    gui_client: Orchard,
+    envs: EnvPool,
+    two_tasks: tuple[WebTask, list[dict[str, Any]], WebTask],
+    tmp_path: Path,
+) -> None:
+    _, _, other = two_tasks
+    cfg = GuiAgentConfig()
+    with FakeOpenAIServer(lambda body: Reply(status=400, content="bad request")) as server:
+        summary = run_batch(
+            gui_client, [other], model_factory(server.base_url, cfg), cfg, tmp_path, envs=envs
+        )
+    d = task_dir(tmp_path, other.id)
+    assert not (d / "result.json").exists() and "error" in (d / "error.txt").read_text()
+    assert summary["finished"] == 0 and summary["errors"] == 1
+    assert summary["retry_on_resume"][0]["task_id"] == other.id
+    done = [tool_reply("done", {"answer": "I don't know"}, "no idea")]
+    with FakeOpenAIServer(done) as server:
+        again = run_batch(
+            gui_client, [other], model_factory(server.base_url, cfg), cfg, tmp_path, envs=envs
+        )
+        assert len(server.requests) == 1
+    assert again["finished"] == 1 and again["errors"] == 0 and again["retry_on_resume"] == []
+    assert not (d / "error.txt").exists()

@@ -183,14 +183,25 @@ def _episode(
         if callable(close):
             close()
     tdir.mkdir(parents=True, exist_ok=True)
-    if traj.error is None and env.sites_running:
+    if infrastructure_failure(traj):
+        # The model endpoint or the browser failed, not the policy: no result, so the
+        # task is run again on resume (as `orchard claw run` does), and the cause is kept.
+        (tdir / "error.txt").write_text(f"{traj.reason}: {traj.error or 'the browser crashed'}\n")
+        return _row(traj)
+    if env.sites_running:
         try:
             (tdir / "state.json").write_text(json.dumps(env.site_state()))
         except Exception as e:  # the state is a bonus for re-judging; the run stands
             (tdir / "state-error.txt").write_text(f"{type(e).__name__}: {e}\n")
     if not stop.is_set():  # an interrupted episode is run again on resume
+        (tdir / "error.txt").unlink(missing_ok=True)
         save_result(traj, tdir)
     return _row(traj)
+
+
+def infrastructure_failure(traj: GuiTrajectory) -> bool:
+    """An episode cut short by something other than the policy (endpoint, browser)."""
+    return traj.error is not None or traj.reason == "browser_crashed"
 
 
 def summarise(
@@ -198,10 +209,14 @@ def summarise(
 ) -> dict[str, Any]:
     """Totals over the tasks' saved results (or their `eval/<judge>.json` verdicts)."""
     rows = []
+    pending: list[dict[str, str]] = []
     for t in tasks:
         tdir = task_dir(out, t.id)
         res = _read(tdir / "result.json")
         if not res:
+            err = tdir / "error.txt"
+            if err.is_file():
+                pending.append({"task_id": t.id, "error": err.read_text().strip()})
             continue
         rec = res.get("orchard", {})
         success = rec.get("success")
@@ -227,7 +242,8 @@ def summarise(
         "success": ok,
         "failure": len(scored) - ok,
         "no_score": len(rows) - len(scored),
-        "errors": sum(1 for r in rows if r["error"]),
+        "errors": sum(1 for r in rows if r["error"]) + len(pending),
+        "retry_on_resume": pending,  # infrastructure failures: no result was kept
         "success_rate": round(ok / len(scored), 4) if scored else None,
         "mean_steps": round(sum(r["steps"] for r in rows) / len(rows), 2) if rows else None,
         "reasons": _count(r["reason"] or "none" for r in rows),
