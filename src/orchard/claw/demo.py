@@ -34,14 +34,18 @@ def _clip(text: str, limit: int = 150) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """0 when the trial passes, 1 when it fails, 2 for an unknown task id."""
     args = sys.argv[1:] if argv is None else argv
     console = Console(highlight=False)
     if not console.is_terminal:  # a log file: room for the whole table
         console.width = max(console.width, 110)
     specs = {s.id: s for s in load_tasks()}
     wanted = args[0] if args else DEFAULT_TASK
-    spec = specs.get(wanted) or specs[sorted(specs)[0]]
+    if wanted not in specs:
+        print(f"error: no shipped task {wanted!r}; see `orchard claw tasks list`", file=sys.stderr)
+        return 2
+    spec = specs[wanted]
     console.rule("[bold]Orchard-Claw demo")
     console.print(
         f"task [bold]{spec.id}[/bold] ({spec.category}; services: {', '.join(spec.services)})"
@@ -106,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         f"safety {grade.safety:.0f}  score [bold]{grade.score:.2f}[/bold]  "
         f"[{style}]{'PASS' if grade.passed else 'FAIL'}[/{style}]"
     )
+    return 0 if grade.passed else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -102,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     console = Console(highlight=False, width=WIDTH)
-    task, solution = demo_task(args[0] if args else None)
+    try:
+        task, solution = demo_task(args[0] if args else None)
+    except KeyError as e:
+        print(f"error: {e.args[0]}; see `orchard gui tasks`", file=sys.stderr)
+        return 2
     plan = load_ui_plans().get(task.id)
     url = os.environ.get("ORCHARD_MODEL_URL")
     model: Model

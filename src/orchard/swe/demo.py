@@ -25,7 +25,9 @@ from orchard.swe.runner import model_factory, run_batch
 from orchard.swe.tasks import SAMPLE_DIR, sample_tasks
 
 
-def main() -> None:
+def main() -> int:
+    """0 when the run finished; 1 when the replayed trajectories did not resolve every task
+    (they always should: a regression), or when a real model's run had errors."""
     console = Console(highlight=False)
     if not console.is_terminal:  # a log file: room for the whole table
         console.width = max(console.width, 100)
@@ -85,7 +87,10 @@ def main() -> None:
         f"resolved {summary['resolved_instances']}/{summary['total_instances']}; "
         f"trajectories, logs and reports in {out}"
     )
+    if url is None and summary["resolved_instances"] != summary["total_instances"]:
+        return 1
+    return 1 if summary.get("error_instances") else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
