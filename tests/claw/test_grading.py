@@ -370,6 +370,11 @@ def test_load_tasks_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "c.json").write_text(json.dumps(bad))
     with pytest.raises(TaskLoadError, match=r"(?s)c\.json: .*spec 't-9' item 'x'"):
         load_tasks(tmp_path)
+    (tmp_path / "c.json").write_text(json.dumps({"id": "t-10"}))
+    with pytest.raises(TaskLoadError) as err:
+        load_tasks(tmp_path)
+    assert "c.json: 4 problem(s) in the spec:\n  category: Field required" in str(err.value)
+    assert "pydantic.dev" not in str(err.value)
     with pytest.raises(TaskLoadError, match="no such file"):
         load_tasks(tmp_path / "missing")
 

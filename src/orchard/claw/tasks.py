@@ -43,8 +43,16 @@ def _specs_in(file: Path) -> list[TaskSpec]:
             specs.append(TaskSpec.model_validate(row))
         except ValidationError as e:
             at = f"[{i}]" if isinstance(data, list) else ""
-            raise TaskLoadError(f"{file}{at}: {e}") from e
+            raise TaskLoadError(f"{file}{at}: {_brief(e)}") from e
     return specs
+
+
+def _brief(e: ValidationError) -> str:
+    """Pydantic's errors one per line, without its links: `rubric.0.check: Field required`."""
+    lines = [
+        f"{'.'.join(str(p) for p in err['loc']) or '(spec)'}: {err['msg']}" for err in e.errors()
+    ]
+    return f"{len(lines)} problem(s) in the spec:\n  " + "\n  ".join(lines)
 
 
 def load_tasks(path: str | Path | None = None) -> list[TaskSpec]:
