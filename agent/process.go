@@ -253,13 +253,19 @@ func (a *agent) handleProcess(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// deleteProc kills the process group if still running and forgets it.
+// deleteProc kills the process group (the leader, or what it left behind) and forgets it.
 func (a *agent) deleteProc(p *proc) {
 	a.procs.mu.Lock()
 	delete(a.procs.procs, p.id)
 	a.procs.mu.Unlock()
 	if !p.finished() {
 		killGroup(p.pid)
+	} else if _, err := os.Stat("/proc/" + strconv.Itoa(p.pid)); os.IsNotExist(err) {
+		// The leader is gone (reaped). Linux does not hand out a pid while a process group
+		// of that id has members, so -pid reaches only the leftovers (`cmd &`, daemons that
+		// kept the group). If /proc/<pid> exists, the number was reused after the group
+		// emptied: that is someone else's process, so nothing is sent.
+		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 	}
 	p.outputs[0].remove()
 	p.outputs[1].remove()

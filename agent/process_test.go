@@ -309,3 +309,21 @@ func TestPTYCloseSendsEOF(t *testing.T) {
 		t.Fatalf("output %q", out.Data)
 	}
 }
+
+func TestProcessDeleteKillsWhatAnExitedLeaderLeftBehind(t *testing.T) {
+	a := startAgent(t, agentOpts{})
+	// The leader starts a background child in its own group, prints its pid and exits.
+	p := a.startProc(map[string]any{"cmd": "sleep 100 & echo $!"})
+	if info := a.waitProc(p.ID, 10); info.Status != "exited" {
+		t.Fatalf("leader: %+v", info)
+	}
+	var child int
+	if _, err := fmt.Sscan(a.output(p.ID, "limit=0").Data, &child); err != nil || child <= 0 {
+		t.Fatalf("child pid: %v", err)
+	}
+	if procGone(child) {
+		t.Fatalf("the background child %d should outlive its leader", child)
+	}
+	a.call("DELETE", "/processes/"+p.ID, nil, 204, nil)
+	eventually(t, "the leftover child killed", func() bool { return procGone(child) })
+}
