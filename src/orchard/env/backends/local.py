@@ -1,9 +1,10 @@
 """Local backend: runc directly, no daemon in between, for density and create speed.
 
 One sandbox = one OCI bundle in `<state_dir>/sandboxes/<id>/`:
-- `rootfs/`: an overlayfs mounted by this process (mount(2), no subprocess): the image's
-  unpacked rootfs from the shared cache (`oci_images.ImageStore`) below, the sandbox's own
-  `upper/` above (optionally on a size-limited tmpfs);
+- `rootfs/`: an overlayfs of the image's unpacked rootfs from the shared cache
+  (`oci_images.ImageStore`) below, the sandbox's own `upper/` above (optionally on a
+  size-limited tmpfs), mounted only in a private mount namespace that runc starts in
+  (`mount_ns`), so the host's mount table does not grow per sandbox;
 - `config.json` (`oci_spec.runtime_spec`): the agent bind-mounted read-only as the process,
   its socket folder `run/` mounted at /.orchard/run as with Docker, the image's env,
   workdir and user, cgroup limits, its own namespaces;
@@ -30,7 +31,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.docker import AGENT_PIDS_RESERVE
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
 from orchard.env.backends.local_net import LOCAL_BRIDGE, LOCAL_SUBNET, LocalNetwork
+from orchard.env.backends.mount_ns import MOUNT_FAILED, RootfsMounts, umount
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
 from orchard.env.errors import Conflict, InvalidRequest, NotFound, SandboxExited, Unavailable
@@ -54,20 +56,7 @@ CGROUP_PARENT = "orchard"
 RUNC_TIMEOUT_S = 60.0  # a runc call that takes longer is stuck (e.g. on a wedged mount)
 # Folders without a started container younger than this may be a create in flight.
 _PR_SET_CHILD_SUBREAPER = 36
-_MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _mount(source: str, target: Path, fstype: str, data: str) -> None:
-    if _libc.mount(source.encode(), str(target).encode(), fstype.encode(), 0, data.encode()):
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {fstype} on {target}: {os.strerror(err)}")
-
-
-def _umount(target: Path) -> None:
-    """Detach a mount if there is one (lazily: open files in it do not block a delete)."""
-    if os.path.ismount(target):
-        _libc.umount2(str(target).encode(), _MNT_DETACH)
 
 
 def _start_time(pid: int) -> int | None:
@@ -155,7 +144,12 @@ class LocalBackend(HostFolders):
 
     # ------------------------------------------------------------ runc
 
-    async def _runc(self, *args: str, log_path: Path | None = None) -> tuple[int, str]:
+    async def _runc(
+        self,
+        *args: str,
+        log_path: Path | None = None,
+        preexec: Callable[[], None] | None = None,
+    ) -> tuple[int, str]:
         out_fd = (
             os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else -1
         )
@@ -169,6 +163,7 @@ class LocalBackend(HostFolders):
                 # `run --detach` hands its stdio to the sandbox: a file, never our pipes.
                 stdout=out_fd if out_fd >= 0 else asyncio.subprocess.PIPE,
                 stderr=out_fd if out_fd >= 0 else asyncio.subprocess.STDOUT,
+                preexec_fn=preexec,
             )
         finally:
             if out_fd >= 0:
@@ -263,20 +258,11 @@ class LocalBackend(HostFolders):
         (etc / "resolv.conf").write_text("".join(f"nameserver {s}\n" for s in servers))
         return [(str(etc / n), f"/etc/{n}", False) for n in ("hostname", "hosts", "resolv.conf")]
 
-    def _mount_rootfs(self, box: Path, image: LocalImage) -> None:
-        scratch = box / "scratch"
-        scratch.mkdir()
-        if self.upper_size_bytes:
-            _mount("tmpfs", scratch, "tmpfs", f"size={self.upper_size_bytes},mode=0700")
-        (scratch / "upper").mkdir()
-        (scratch / "work").mkdir()
+    def _rootfs_mounts(self, box: Path, image: LocalImage) -> RootfsMounts:
+        """The mount points on disk; the mounts themselves are made in runc's namespace."""
+        (box / "scratch").mkdir()
         (box / "rootfs").mkdir()
-        _mount(
-            "overlay",
-            box / "rootfs",
-            "overlay",
-            f"lowerdir={image.rootfs},upperdir={scratch / 'upper'},workdir={scratch / 'work'}",
-        )
+        return RootfsMounts(image.rootfs, box / "scratch", box / "rootfs", self.upper_size_bytes)
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
         await self._recover()
@@ -301,7 +287,7 @@ class LocalBackend(HostFolders):
                 (str(box / "run"), RUN_DIR, False),
                 *self._etc_files(box, spec.id, ip),
             ]
-            self._mount_rootfs(box, image)
+            mounts = self._rootfs_mounts(box, image)
             config = runtime_spec(self._spec_input(spec, image, meta, box, binds))
             (box / "config.json").write_text(json.dumps(config))
             pid_file = box / "init.pid"
@@ -314,10 +300,12 @@ class LocalBackend(HostFolders):
                 str(box),
                 spec.id,
                 log_path=box / "console.log",
+                preexec=mounts.preexec(),
             )
             if rc != 0:
                 tail = (box / "console.log").read_text(errors="replace")[-2000:].strip()
-                raise Unavailable(f"runc could not start sandbox {spec.id}: {tail}")
+                what = "mount the rootfs of" if rc == MOUNT_FAILED else "start"
+                raise Unavailable(f"runc could not {what} sandbox {spec.id}: {tail}")
             pid = int(pid_file.read_text())
             meta.update(pid=pid, pid_start=_start_time(pid))
             self._write_meta(spec.id, meta)
@@ -529,8 +517,8 @@ class LocalBackend(HostFolders):
             await self.network.detach(sandbox_id)
             self.network.release(meta.get("ip") if meta else None)
         self._remove_cgroups(sandbox_id)
-        _umount(box / "rootfs")
-        _umount(box / "scratch")
+        umount(box / "rootfs")  # only sandboxes made before mount_ns have host mounts
+        umount(box / "scratch")
         await asyncio.to_thread(shutil.rmtree, box, True)
 
     @staticmethod

@@ -1,0 +1,87 @@
+"""A sandbox's root filesystem mounted in a private mount namespace, never on the host.
+
+`runc run` copies the mount table of the namespace it starts in into each new container
+(copy_mnt_ns, then an unmount of the old root: both O(mounts)). With every sandbox's
+overlay mounted on the host, the n-th create copied n overlays: O(N²) over N sandboxes.
+Instead, runc is started through `preexec`: in the forked child, before exec, it unshares
+a mount namespace (a copy of the host's, which no longer grows per sandbox), makes it
+private (nothing propagates back to the host), and mounts there the sandbox's tmpfs and
+overlay. runc then builds the container from that small table and exits; the container's
+namespace alone holds the overlay, so the kernel unmounts it when the sandbox's last
+process ends. Nothing is left to unmount after a crash: only the folders on disk.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+_CLONE_NEWNS = 0x00020000
+_MS_REC = 0x4000
+_MS_PRIVATE = 1 << 18
+_MNT_DETACH = 2
+# The exit status of a runc child whose mounts failed; its message is in the log file.
+MOUNT_FAILED = 125
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def mount(source: str, target: Path | str, fstype: str, data: str, flags: int = 0) -> None:
+    raw_data = data.encode() if data else None
+    raw_type = fstype.encode() if fstype else None
+    if _libc.mount(source.encode(), str(target).encode(), raw_type, flags, raw_data):
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype or 'flags'} on {target}: {os.strerror(err)}")
+
+
+def umount(target: Path) -> None:
+    """Detach a mount if there is one (lazily: open files in it do not block a delete).
+
+    Only sandboxes made before the private namespaces have their rootfs on the host."""
+    if os.path.ismount(target):
+        _libc.umount2(str(target).encode(), _MNT_DETACH)
+
+
+@dataclass(frozen=True)
+class RootfsMounts:
+    """The mounts of one sandbox's rootfs, made in the namespace runc starts in."""
+
+    lower: Path
+    scratch: Path
+    rootfs: Path
+    tmpfs_bytes: int | None = None
+
+    def make(self) -> None:
+        """Mount the (optional) tmpfs under the writable layer, then the overlay."""
+        if self.tmpfs_bytes:
+            mount("tmpfs", self.scratch, "tmpfs", f"size={self.tmpfs_bytes},mode=0700")
+        upper, work = self.scratch / "upper", self.scratch / "work"
+        upper.mkdir(exist_ok=True)
+        work.mkdir(exist_ok=True)
+        mount(
+            "overlay",
+            self.rootfs,
+            "overlay",
+            f"lowerdir={self.lower},upperdir={upper},workdir={work}",
+        )
+
+    def preexec(self) -> Callable[[], None]:
+        """For Popen(preexec_fn=): a private namespace holding the mounts, in the child only.
+
+        A failure is written to the child's stderr (the runc log) and ends it with
+        MOUNT_FAILED, since Popen reports a raising preexec_fn without its message."""
+
+        def run_in_child() -> None:
+            try:
+                if _libc.unshare(_CLONE_NEWNS):
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
+                mount("none", "/", "", "", _MS_REC | _MS_PRIVATE)
+                self.make()
+            except OSError as exc:
+                os.write(2, f"orchard: rootfs: {exc}\n".encode())
+                os._exit(MOUNT_FAILED)
+
+        return run_in_child

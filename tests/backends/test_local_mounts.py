@@ -1,0 +1,96 @@
+"""The local backend mounts each sandbox's rootfs in a private namespace, never on the host.
+
+So the host's mount table (which runc copies into every new sandbox) stays the same size
+however many sandboxes run, the sandboxes' own tables do not grow either, and the mounts
+vanish with the sandbox; a failed mount is a clear error that leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from orchard.env.backends.base import SandboxRecord, SandboxSpec
+from orchard.env.backends.local import LocalBackend
+from orchard.env.errors import Unavailable
+from tests.backends.backend_harness import TEST_LABELS, Harness
+from tests.backends.test_backend_contract import make_spec, ready
+
+pytestmark = pytest.mark.anyio
+
+N = 20
+# Mounts that the Docker engine makes for other tests running beside this one.
+_DOCKERS = ("/var/lib/docker/", "/run/docker/")
+
+
+def host_mounts() -> list[str]:
+    """The host's mount table (this process's namespace), without the Docker engine's."""
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [line for line in lines if not any(d in line for d in _DOCKERS)]
+
+
+@pytest.fixture
+async def local(tmp_state_dir: Path, agent_binary: Path) -> AsyncIterator[LocalBackend]:
+    b = LocalBackend(
+        tmp_state_dir, agent_binary, extra_labels=TEST_LABELS, upper_size_bytes=8 << 20
+    )
+    try:
+        yield b
+    finally:
+        for rec in await b.list():
+            await b.delete(rec.id)
+        await b.close()
+
+
+async def _mountinfo_lines(rec: SandboxRecord, spec: SandboxSpec) -> int:
+    """How many mounts the sandbox sees (what runc copied, plus its own)."""
+    async with await ready(rec, spec) as agent:
+        res = await agent.exec("wc -l < /proc/self/mountinfo")
+        assert res.exit_code == 0, res.stderr
+        return int(res.stdout)
+
+
+async def test_host_mount_table_does_not_grow_per_sandbox(
+    local: LocalBackend, tmp_state_dir: Path, busybox_image: str
+) -> None:
+    before = host_mounts()
+    specs = [make_spec(busybox_image) for _ in range(N)]
+    first = await local.create(specs[0])
+    inside_first = await _mountinfo_lines(first, specs[0])
+    recs = [first, *await asyncio.gather(*(local.create(s) for s in specs[1:]))]
+    after = host_mounts()
+    assert [line for line in after if str(tmp_state_dir) in line] == []
+    assert len(after) - len(before) < N // 2, "the host gained about a mount per sandbox"
+    last = recs[-1]
+    inside_last = await _mountinfo_lines(last, specs[-1])
+    assert inside_last - inside_first < N // 2  # what runc copied did not grow either
+
+    # The rootfs is the overlay with its size-limited writable layer, inside only.
+    async with await ready(last, specs[-1]) as agent:
+        res = await agent.exec("echo kept > /etc/x && cat /etc/x && grep ' / ' /proc/mounts")
+        assert res.exit_code == 0 and res.stdout.startswith("kept\noverlay / overlay ")
+        full = await agent.exec("dd if=/dev/zero of=/big bs=1M count=16")
+        assert full.exit_code != 0 and "No space left" in full.stderr
+    scratch = tmp_state_dir / "sandboxes" / last.id / "scratch"
+    assert list(scratch.iterdir()) == []  # the tmpfs (and its upper) is not on the host
+
+    harness = Harness("local", tmp_state_dir, Path(local.agent_binary))
+    for rec in recs:
+        await local.delete(rec.id)
+        assert harness.leftovers(rec.id) == [], rec.id
+
+
+async def test_mount_failure_is_reported_and_leaves_nothing(
+    local: LocalBackend, tmp_state_dir: Path, busybox_image: str
+) -> None:
+    image = await local.images.resolve(busybox_image)
+    shutil.rmtree(image.rootfs)  # the lower layer is gone: the overlay cannot mount
+    spec = make_spec(busybox_image)
+    with pytest.raises(Unavailable, match="could not mount the rootfs of sandbox"):
+        await local.create(spec)
+    assert Harness("local", tmp_state_dir, Path(local.agent_binary)).leftovers(spec.id) == []
+    assert await local.list() == []
