@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,12 +52,41 @@ def test_replay_finds_the_critical_edit(task: Task, client: Orchard) -> None:
     assert len(credit.trajectory.messages) == bad - 1  # up to the turn before the mistake
 
 
-def run_cli(*args: str, cwd: Path) -> dict[str, Any]:
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     proc = subprocess.run(
-        [*ORCHARD, "train", *args, "--json"], capture_output=True, text=True, cwd=cwd, check=False
+        [*ORCHARD, "train", *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        check=False,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(json.loads(proc.stdout))
+
+
+def test_cli_sft_data_annotates_then_cuts_at_the_critical_edit(
+    task: Task, agent_binary: Path, tiny_dir: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "gone-wrong.jsonl"
+    src.write_text(json.dumps(oracle_gone_wrong().to_json()) + "\n")
+    args = ["sft-data", str(src), "--tokenizer", str(tiny_dir), "--judge", "rule"]
+    plain = run_cli(*args, "--out", str(tmp_path / "plain"), cwd=tmp_path)
+    assert plain["unresolved_without_test_records"] == 1 and plain["annotated"] == 0
+    assert plain["turns_by_reason"].get("dropped_after_critical", 0) == 0  # kept whole
+    proc = subprocess.run(
+        [*ORCHARD, "train", *args, "--annotate", "--out", str(tmp_path / "x")],
+        capture_output=True, text=True, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "--annotate needs --tasks" in proc.stderr
+    env = {**os.environ, "ORCHARD_AGENT_BINARY": str(agent_binary)}
+    env.pop("ORCHARD_URL", None)
+    data = run_cli(
+        *args, "--annotate", "--tasks", "sample", "--out", str(tmp_path / "sft"), cwd=tmp_path,
+        env=env,
+    )  # fmt: skip
+    assert data["annotated"] == 1 and data["unresolved_without_test_records"] == 0
+    assert data["turns_by_reason"]["dropped_after_critical"] > 0
 
 
 def test_cli_sft_data_then_sft(tiny_dir: Path, tmp_path: Path) -> None:

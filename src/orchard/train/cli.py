@@ -101,6 +101,14 @@ def sft_data(
     min_prefix: Annotated[int, typer.Option("--min-prefix", help="Turns to keep a prefix.")] = 2,
     mode: Annotated[str, typer.Option("--mode", help="cut or weight.")] = "cut",
     tasks: TasksOpt = None,
+    annotate: Annotated[
+        bool,
+        typer.Option(
+            "--annotate",
+            help="Replay unresolved trajectories without per-turn test records in sandboxes of "
+            "their task (needs --tasks), grading after every edit: what `--judge rule` reads.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Tokenize trajectories with loss masks; keep unresolved ones up to their first critical
@@ -118,6 +126,7 @@ def sft_data(
     if mode not in ("cut", "weight"):
         raise _fail("bad_request", "--mode must be cut or weight")
     trajs = load_trajectories(trajectories)
+    by_id = {}
     if tasks:
         from orchard.swe.tasks import load_tasks
 
@@ -127,6 +136,23 @@ def sft_data(
             if task is not None:
                 t.metadata.setdefault("FAIL_TO_PASS", task.FAIL_TO_PASS)
                 t.metadata.setdefault("PASS_TO_PASS", task.PASS_TO_PASS)
+    unrecorded = [k for k, t in enumerate(trajs) if not t.resolved and not _has_test_records(t)]
+    annotated = 0
+    if annotate and unrecorded:
+        if not by_id:
+            raise _fail("bad_request", "--annotate needs --tasks (the tasks the runs were on)")
+        ids = [str(trajs[k].metadata.get("instance_id")) for k in unrecorded]
+        unknown = sorted({i for i in ids if i not in by_id})
+        if unknown:
+            raise _fail("bad_request", f"--annotate: no task for {', '.join(unknown)}")
+        from orchard import Orchard
+        from orchard.train.credit import annotate_tests
+
+        with Orchard() as client:
+            for n, (k, i) in enumerate(zip(unrecorded, ids, strict=True), 1):
+                err.print(f"annotating {i} ({n}/{len(ids)}): replay + grading after each edit")
+                trajs[k] = annotate_tests(trajs[k], by_id[i], client)
+        annotated, unrecorded = len(ids), []
     chosen: Judge | None
     if judge == "none":
         chosen = None
@@ -149,9 +175,28 @@ def sft_data(
     out_dir.mkdir(parents=True, exist_ok=True)
     to_dataset([s for _, s in pairs]).save_to_disk(str(out_dir / "dataset"))
     write_chat_jsonl(pairs, out_dir / "chat.jsonl")
-    result = {"samples": len(pairs), "out": str(out_dir), **report.to_json()}
+    result = {
+        "samples": len(pairs),
+        "out": str(out_dir),
+        "annotated": annotated,
+        "unresolved_without_test_records": len(unrecorded),
+        **report.to_json(),
+    }
+    if judge == "rule" and unrecorded and not as_json:
+        err.print(
+            f"note: {len(unrecorded)} unresolved trajectories carry no per-turn test records, "
+            "so the rule judge finds no mistake in them and keeps them whole; "
+            "add --annotate --tasks ... to replay and grade them",
+            markup=False,
+        )
     (out_dir / "report.json").write_text(json.dumps(result, indent=2))
     _emit(result, as_json, "SFT data")
+
+
+def _has_test_records(traj: Any) -> bool:
+    from orchard.train.credit import turn_tests
+
+    return any(turn_tests(traj.messages[i]) is not None for i in traj.assistant_indices)
 
 
 @train_app.command("sft")
