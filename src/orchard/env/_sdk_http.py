@@ -39,7 +39,7 @@ _PATH_SAFE = "/%:@!$&'()*+,;=-._~"
 _PROXY_VARS = ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
 
 
-class _Unanswered(Exception):
+class Unanswered(Exception):
     def __init__(self, sent: bool, cause: Exception) -> None:
         super().__init__(repr(cause))
         self.sent = sent
@@ -93,9 +93,7 @@ class LeanHTTP:
         self.host = parts.hostname or "localhost"
         self.port = parts.port or 80
         self.prefix = parts.path.rstrip("/")
-        fixed = f"Host: {parts.netloc}\r\nAccept: */*\r\n"
-        fixed += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self._fixed = fixed
+        self._fixed = fixed_headers(parts.netloc, headers)
         self._idle: list[_Conn] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -118,18 +116,18 @@ class LeanHTTP:
             conn, reused = self._acquire(t)
             try:
                 status, fields, body, keep = self._exchange(conn, call.method, data, t)
-            except _Unanswered as e:
+            except Unanswered as e:
                 conn.close()
                 if reused and not retried and (call.idempotent or not e.sent):
                     retried = True  # a stale pooled connection: once more, on a new one
                     continue
-                raise _as_httpx(e.cause, e.sent) from e.cause
+                raise as_httpx(e.cause, e.sent) from e.cause
             except httpx.TransportError:
                 conn.close()
                 raise
             except (OSError, ValueError) as e:
                 conn.close()
-                raise _as_httpx(e, True) from e
+                raise as_httpx(e, True) from e
             except BaseException:
                 conn.close()
                 raise
@@ -137,20 +135,7 @@ class LeanHTTP:
             return httpx.Response(status, headers=fields, content=body)
 
     def _encode(self, call: Call[Any]) -> bytes:
-        # Paths arrive quoted (sandbox_path); anything still unsafe is escaped, as httpx does.
-        target = remove_dot_segments(quote(self.prefix + call.path, safe=_PATH_SAFE))
-        if call.params:
-            target += "?" + str(httpx.QueryParams(call.params))
-        head = f"{call.method} {target} HTTP/1.1\r\n{self._fixed}"
-        body = b""
-        if call.json is not None:
-            # As httpx encodes json=: compact, UTF-8, no NaN.
-            text = json.dumps(call.json, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-            body = text.encode()
-            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        elif call.method in ("POST", "PUT", "PATCH"):
-            head += "Content-Length: 0\r\n"
-        return (head + "\r\n").encode("latin-1") + body
+        return encode_request(self.prefix, self._fixed, call)
 
     def _acquire(self, t: httpx.Timeout) -> tuple[_Conn, bool]:
         now = time.monotonic()
@@ -203,33 +188,100 @@ class LeanHTTP:
             sock.settimeout(t.read)
             line = f.readline(MAX_LINE)
         except OSError as e:
-            raise _Unanswered(sent, e) from e
+            raise Unanswered(sent, e) from e
         if not line:
-            raise _Unanswered(True, ConnectionResetError("server closed the connection"))
+            raise Unanswered(True, ConnectionResetError("server closed the connection"))
         while True:
-            version, status = _status(line)
+            version, status = status_line(line)
             fields = _fields(f)
             if not 100 <= status < 200:
                 break
             line = f.readline(MAX_LINE)  # 1xx: the real answer follows
-        names = {k.lower(): v for k, v in fields}
-        keep = version == "HTTP/1.1" and "close" not in names.get("connection", "").lower()
-        if method == "HEAD" or status in (204, 304):
+        kind, length, keep = framing(method, version, status, fields)
+        if kind == "none":
             body = b""
-        elif "chunked" in names.get("transfer-encoding", "").lower():
+        elif kind == "chunked":
             body = _chunked(f)
-        elif "content-length" in names:
-            body = _exactly(f, _length(names["content-length"]))
+        elif kind == "length":
+            body = _exactly(f, length)
         else:
             body, keep = f.read(), False
         return status, fields, body, keep
 
 
-def _status(line: bytes) -> tuple[str, int]:
+# ---- HTTP/1.1 framing, shared with the async transport (_sdk_ahttp): pure functions of bytes
+
+
+def fixed_headers(netloc: str, headers: dict[str, str]) -> str:
+    """The header lines every request carries."""
+    return f"Host: {netloc}\r\nAccept: */*\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in headers.items()
+    )
+
+
+def request_head(prefix: str, fixed: str, call: Call[Any]) -> str:
+    """Request line and fixed headers, without the blank line (callers add body headers)."""
+    # Paths arrive quoted (sandbox_path); anything still unsafe is escaped, as httpx does.
+    target = remove_dot_segments(quote(prefix + call.path, safe=_PATH_SAFE))
+    if call.params:
+        target += "?" + str(httpx.QueryParams(call.params))
+    return f"{call.method} {target} HTTP/1.1\r\n{fixed}"
+
+
+def encode_request(prefix: str, fixed: str, call: Call[Any]) -> bytes:
+    """A whole request without a body stream: at most a JSON document."""
+    head = request_head(prefix, fixed, call)
+    body = b""
+    if call.json is not None:
+        # As httpx encodes json=: compact, UTF-8, no NaN.
+        text = json.dumps(call.json, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        body = text.encode()
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    elif call.method in ("POST", "PUT", "PATCH"):
+        head += "Content-Length: 0\r\n"
+    return (head + "\r\n").encode("latin-1") + body
+
+
+def status_line(line: bytes) -> tuple[str, int]:
     parts = line.split(None, 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
         raise httpx.RemoteProtocolError(f"bad status line {line[:80]!r}")
     return parts[0].decode("ascii"), int(parts[1])
+
+
+def header_line(line: bytes) -> tuple[str, str] | None:
+    """One header field, or None for the blank line that ends the block."""
+    if not line.endswith(b"\n"):
+        raise httpx.RemoteProtocolError("header block cut off or too large")
+    if line in (b"\r\n", b"\n"):
+        return None
+    name, sep, value = line.partition(b":")
+    if not sep or not name or name != name.strip():
+        raise httpx.RemoteProtocolError(f"bad header line {line[:80]!r}")
+    return name.decode("latin-1"), value.strip().decode("latin-1")
+
+
+Framing = tuple[str, int, bool]  # kind (none, chunked, length, close), length, keep-alive
+
+
+def framing(method: str, version: str, status: int, fields: list[tuple[str, str]]) -> Framing:
+    """How the answer's body is delimited, and whether the connection stays open after it."""
+    names = {k.lower(): v for k, v in fields}
+    keep = version == "HTTP/1.1" and "close" not in names.get("connection", "").lower()
+    if method == "HEAD" or status in (204, 304):
+        return "none", 0, keep
+    if "chunked" in names.get("transfer-encoding", "").lower():
+        return "chunked", 0, keep
+    if "content-length" in names:
+        return "length", _length(names["content-length"]), keep
+    return "close", 0, False
+
+
+def chunk_size(line: bytes) -> int:
+    try:
+        return int(line.split(b";", 1)[0].strip(), 16)
+    except ValueError:
+        raise httpx.RemoteProtocolError(f"bad chunk size {line[:40]!r}") from None
 
 
 def _fields(f: IO[bytes]) -> list[tuple[str, str]]:
@@ -238,14 +290,11 @@ def _fields(f: IO[bytes]) -> list[tuple[str, str]]:
     while True:
         line = f.readline(MAX_LINE)
         size += len(line)
-        if not line.endswith(b"\n") or size > MAX_LINE:
+        if size > MAX_LINE:
             raise httpx.RemoteProtocolError("header block cut off or too large")
-        if line in (b"\r\n", b"\n"):
+        if (field := header_line(line)) is None:
             return fields
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            raise httpx.RemoteProtocolError(f"bad header line {line[:80]!r}")
-        fields.append((name.decode("latin-1"), value.strip().decode("latin-1")))
+        fields.append(field)
 
 
 def _length(value: str) -> int:
@@ -265,11 +314,7 @@ def _exactly(f: IO[bytes], n: int) -> bytes:
 def _chunked(f: IO[bytes]) -> bytes:
     parts: list[bytes] = []
     while True:
-        line = f.readline(MAX_LINE)
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise httpx.RemoteProtocolError(f"bad chunk size {line[:40]!r}") from None
+        size = chunk_size(f.readline(MAX_LINE))
         if size == 0:
             break
         parts.append(_exactly(f, size))
@@ -281,7 +326,7 @@ def _chunked(f: IO[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def _as_httpx(exc: Exception, sent: bool) -> httpx.TransportError:
+def as_httpx(exc: Exception, sent: bool) -> httpx.TransportError:
     """The httpx exception for a failure, so the SDK's retry policy applies unchanged."""
     if isinstance(exc, httpx.TransportError):
         return exc

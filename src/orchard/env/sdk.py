@@ -1,4 +1,4 @@
-"""The Orchard SDK: `Orchard` (sync, httpx.Client) and `AsyncOrchard` (async, httpx.AsyncClient).
+"""The Orchard SDK: `Orchard` (sync) and `AsyncOrchard` (async), over lean HTTP/1.1 transports.
 
     from orchard import Orchard
 
@@ -29,6 +29,7 @@ import httpx
 
 from orchard.env import _sdk_core as core
 from orchard.env import models as m
+from orchard.env._sdk_ahttp import async_lean_transport
 from orchard.env._sdk_core import (
     CreateOptions,
     ExecOptions,
@@ -458,20 +459,33 @@ class AsyncOrchard:
         self.target, self._service = _connect(base_url, api_key, service_config)
         self._timeout = timeout
         self._retry = retry or RetryPolicy()
-        transport = httpx.AsyncHTTPTransport(uds=self.target.uds) if self.target.uds else None
-        self.http = httpx.AsyncClient(
-            base_url=self.target.base_url,
-            headers=core.auth_headers(self.target),
-            timeout=timeout,
-            transport=transport,
-        )
+        # Every SDK call goes over the lean asyncio transport; httpx only where it must
+        # (proxies), and as `http` for callers reaching sandbox ports.
+        self._lean = async_lean_transport(self.target, core.auth_headers(self.target))
+        self._http: httpx.AsyncClient | None = None
         self.sandboxes = AsyncSandboxes(self)
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """An httpx client for this service (e.g. for `sb.port_url(...)`), made on first use."""
+        if self._http is None:
+            uds = self.target.uds
+            self._http = httpx.AsyncClient(
+                base_url=self.target.base_url,
+                headers=core.auth_headers(self.target),
+                timeout=self._timeout,
+                transport=httpx.AsyncHTTPTransport(uds=uds) if uds else None,
+            )
+        return self._http
 
     async def health(self) -> m.Health:
         return await self._send(core.health())
 
     async def close(self) -> None:
-        await self.http.aclose()
+        if self._lean is not None:
+            await self._lean.aclose()
+        if self._http is not None:
+            await self._http.aclose()
         if self._service is not None:
             service, self._service = self._service, None
             await asyncio.to_thread(service.stop)
@@ -484,22 +498,27 @@ class AsyncOrchard:
 
     # ---- transport
 
+    async def _attempt(self, call: core.Call[Any], stream: bool) -> httpx.Response:
+        if self._lean is not None:
+            return await self._lean.request(call, self._timeout, stream=stream)
+        body = call.body() if call.body else None
+        content = body if body is None or isinstance(body, bytes) else _aiter_body(body)
+        request = self.http.build_request(
+            call.method,
+            call.path,
+            params=httpx.QueryParams(call.params),
+            json=call.json,
+            content=content,
+            timeout=call.timeout(self._timeout),
+        )
+        return await self.http.send(request, stream=stream)
+
     async def _request(self, call: core.Call[Any], *, stream: bool) -> httpx.Response:
         attempt = 0
         while True:
             attempt += 1
-            body = call.body() if call.body else None
-            content = body if body is None or isinstance(body, bytes) else _aiter_body(body)
-            request = self.http.build_request(
-                call.method,
-                call.path,
-                params=httpx.QueryParams(call.params),
-                json=call.json,
-                content=content,
-                timeout=call.timeout(self._timeout),
-            )
             try:
-                response = await self.http.send(request, stream=stream)
+                response = await self._attempt(call, stream)
             except httpx.TransportError as exc:
                 if self._retry.should_retry_error(exc, call.idempotent, attempt):
                     await asyncio.sleep(self._retry.delay(attempt))
