@@ -243,9 +243,11 @@ async def test_https_with_a_trusted_certificate(
 ) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-        + ["-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"]
-        + ["-keyout", str(key), "-out", str(cert)],
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
         check=True,
         capture_output=True,
     )
