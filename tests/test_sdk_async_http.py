@@ -132,6 +132,8 @@ async def test_a_stale_connection_is_retried_only_for_idempotent_calls(tmp_path:
             assert again.status_code == 200
             with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
                 await lean.request(call("POST", "/exec", json={"cmd": "x"}), TIMEOUT)  # 4
+            with pytest.raises(ValueError):  # a bad argument fails as itself, before sending
+                await lean.request(call("POST", "/nan", json={"x": float("nan")}), TIMEOUT)
             assert lean.opened == 2  # the retry opened the second; the POST reused it
         assert [s.split()[1] for s in peer.seen] == [b"/one", b"/two", b"/two", b"/exec"]
     finally:

@@ -110,9 +110,12 @@ class AsyncLeanHTTP:
         retried = False
         while True:
             body = call.body() if call.body else None  # once per attempt: a fresh source
+            head = self._head(call, body)  # a bad argument (NaN in JSON) fails as itself, here
             conn, reused = await self._checkout(t)
             try:
-                status, fields, (kind, length, keep) = await self._exchange(conn, call, body, t)
+                status, fields, (kind, length, keep) = await self._exchange(
+                    conn, call.method, head, body, t
+                )
                 chunks = _body(conn.reader, kind, length, t.read)
                 if stream:
                     held = _Held(self, conn, keep)
@@ -138,12 +141,12 @@ class AsyncLeanHTTP:
             return httpx.Response(status, headers=fields, content=content)
 
     async def _exchange(
-        self, conn: _Conn, call: Call[Any], body: Body, t: httpx.Timeout
+        self, conn: _Conn, method: str, head: bytes, body: Body, t: httpx.Timeout
     ) -> tuple[int, list[tuple[str, str]], Framing]:
         sent = False
         try:
             async with asyncio.timeout(t.write):
-                await self._send(conn.writer, call, body)
+                await _send(conn.writer, head, body)
             sent = True
             async with asyncio.timeout(t.read):
                 line = await conn.reader.readline()
@@ -157,24 +160,16 @@ class AsyncLeanHTTP:
                     line = await conn.reader.readline()  # 1xx: the real answer follows
         except (OSError, EOFError) as e:
             raise Unanswered(sent, e) from e
-        return status, fields, framing(call.method, version, status, fields)
+        return status, fields, framing(method, version, status, fields)
 
-    async def _send(self, writer: asyncio.StreamWriter, call: Call[Any], body: Body) -> None:
+    def _head(self, call: Call[Any], body: Body) -> bytes:
+        """The request up to its body: whole for JSON, sized for bytes, chunked for a stream."""
         if body is None:
-            writer.write(encode_request(self.prefix, self._fixed, call))
-        elif isinstance(body, bytes):
-            head = request_head(self.prefix, self._fixed, call)
-            writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body)
-        else:
-            head = request_head(self.prefix, self._fixed, call)
-            writer.write(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode("latin-1"))
-            # A blocking, disk-backed source: each read in a worker thread, coalesced.
-            it = coalesce(body)
-            while (chunk := await asyncio.to_thread(next, it, None)) is not None:
-                writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                await writer.drain()
-            writer.write(b"0\r\n\r\n")
-        await writer.drain()
+            return encode_request(self.prefix, self._fixed, call)
+        head = request_head(self.prefix, self._fixed, call)
+        if isinstance(body, bytes):
+            return f"{head}Content-Length: {len(body)}\r\n\r\n".encode("latin-1")
+        return f"{head}Transfer-Encoding: chunked\r\n\r\n".encode("latin-1")
 
     # ------------------------------------------------------------ the pool
 
@@ -264,6 +259,20 @@ class _Stream(httpx.AsyncByteStream):
         self._held.release(False)  # a no-op once read to the end
         with contextlib.suppress(RuntimeError):
             await self._chunks.aclose()
+
+
+async def _send(writer: asyncio.StreamWriter, head: bytes, body: Body) -> None:
+    if body is None or isinstance(body, bytes):
+        writer.write(head + body if body else head)
+    else:
+        writer.write(head)
+        # A blocking, disk-backed source: each read in a worker thread, coalesced.
+        it = coalesce(body)
+        while (chunk := await asyncio.to_thread(next, it, None)) is not None:
+            writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+    await writer.drain()
 
 
 async def _fields(reader: asyncio.StreamReader) -> list[tuple[str, str]]:
