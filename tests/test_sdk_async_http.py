@@ -268,3 +268,18 @@ async def test_https_with_a_trusted_certificate(
             assert lean.opened == 1
         finally:
             await lean.aclose()
+
+
+def test_one_client_across_successive_event_loops(
+    targets: dict[str, core.Target], sandbox_id: str
+) -> None:
+    """A script may call `asyncio.run` more than once with the same client."""
+    client = AsyncOrchard(targets["tcp"].base_url)
+
+    async def echo(word: str) -> str:
+        sb = await client.sandboxes.get(sandbox_id)
+        return (await sb.exec(["echo", word])).stdout
+
+    assert asyncio.run(echo("first")) == "first\n"
+    assert asyncio.run(echo("second")) == "second\n"  # the first loop's connection is dropped
+    asyncio.run(client.close())

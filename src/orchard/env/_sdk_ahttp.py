@@ -49,23 +49,30 @@ Body = bytes | Iterable[bytes] | None
 
 
 class _Conn:
-    __slots__ = ("idle_since", "reader", "writer")
+    __slots__ = ("idle_since", "loop", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.idle_since = 0.0
+        self.loop = asyncio.get_running_loop()
 
     def usable(self, now: float) -> bool:
-        """Not idle too long, and not closed by the server (its EOF has been seen)."""
+        """Not idle too long, not closed by the server (its EOF seen), and on this loop.
+
+        A script may drive one client from successive `asyncio.run` calls; a connection
+        made on an earlier (closed) loop cannot be used on this one.
+        """
         return (
-            now - self.idle_since < IDLE_EXPIRY_S
+            self.loop is asyncio.get_running_loop()
+            and now - self.idle_since < IDLE_EXPIRY_S
             and not self.reader.at_eof()
             and not self.writer.is_closing()
         )
 
     def close(self) -> None:
-        self.writer.close()
+        if not self.loop.is_closed():
+            self.writer.close()
 
 
 def async_lean_transport(target: Target, headers: dict[str, str]) -> AsyncLeanHTTP | None:
