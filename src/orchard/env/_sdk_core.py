@@ -11,8 +11,6 @@ import base64
 import io
 import os
 import random
-import stat as stat_mod
-import tarfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +21,14 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from orchard.env import models as m
+from orchard.env._sdk_tar import CHUNK as CHUNK
+from orchard.env._sdk_tar import extract_tar as extract_tar
+from orchard.env._sdk_tar import iter_tar as iter_tar
 from orchard.env.errors import InvalidRequest, OrchardError, Unavailable, error_from_response
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
-CHUNK = 1 << 20
 # Extra read time granted on top of a server-side timeout, so the server reports it, not us.
 TIMEOUT_MARGIN_S = 30.0
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
@@ -604,78 +604,6 @@ def download_tar(sandbox_id: str, remote_dir: str) -> Call[None]:
 
 
 # ---------------------------------------------------------------- tar streams
-
-
-def _pad(size: int) -> bytes:
-    return b"\0" * (-size % tarfile.BLOCKSIZE)
-
-
-def iter_tar(root: Path) -> Iterator[bytes]:
-    """Yield a tar stream of `root`'s contents (names relative to it) without buffering files.
-
-    Regular files, folders and symlinks are archived; sockets, devices and FIFOs are skipped.
-    A file that changes size while read is cut or zero-padded to the size in its header,
-    so the stream always stays a valid tar.
-    """
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames.sort()
-        base = Path(dirpath)
-        rel_base = base.relative_to(root)
-        for name in sorted(dirnames + filenames):
-            path = base / name
-            st = path.lstat()
-            info = tarfile.TarInfo((rel_base / name).as_posix())
-            info.mode = stat_mod.S_IMODE(st.st_mode)
-            info.mtime = int(st.st_mtime)
-            if stat_mod.S_ISDIR(st.st_mode):
-                info.type = tarfile.DIRTYPE
-            elif stat_mod.S_ISLNK(st.st_mode):
-                info.type, info.linkname = tarfile.SYMTYPE, os.readlink(path)
-            elif stat_mod.S_ISREG(st.st_mode):
-                info.type, info.size = tarfile.REGTYPE, st.st_size
-            else:
-                continue
-            yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-            if info.type == tarfile.REGTYPE:
-                yield from _file_blocks(path, info.size)
-    yield b"\0" * (2 * tarfile.BLOCKSIZE)
-
-
-def _file_blocks(path: Path, size: int) -> Iterator[bytes]:
-    left = size
-    with path.open("rb") as f:
-        while left > 0:
-            chunk = f.read(min(CHUNK, left))
-            if not chunk:
-                break
-            left -= len(chunk)
-            yield chunk
-    if left:
-        yield b"\0" * left
-    yield _pad(size)
-
-
-def extract_tar(stream: IO[bytes], dest: str | os.PathLike[str]) -> m.TarResult:
-    """Extract a tar stream into `dest`, refusing anything that would land outside it.
-
-    Uses tarfile's `data` filter: no absolute names, no `..`, no links out of `dest`,
-    no device files, no setuid bits.
-    """
-    root = Path(dest)
-    root.mkdir(parents=True, exist_ok=True)
-    files = total = 0
-    with tarfile.open(fileobj=stream, mode="r|*") as tar:
-        for member in tar:
-            if member.name.startswith("/"):  # the data filter would quietly re-root it
-                raise OrchardError(f"unsafe entry in archive: absolute name {member.name!r}")
-            try:
-                tar.extract(member, root, filter="data")
-            except tarfile.FilterError as exc:
-                raise OrchardError(f"unsafe entry in archive: {exc}") from None
-            if not member.isdir():  # counted like the agent counts: every non-folder entry
-                files += 1
-                total += member.size if member.isfile() else 0
-    return m.TarResult(files=files, bytes=total)
 
 
 def coalesce(chunks: Iterable[bytes], min_size: int = 256 << 10) -> Iterator[bytes]:
