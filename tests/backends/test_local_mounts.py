@@ -17,12 +17,14 @@ import pytest
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.backends.local import LocalBackend
 from orchard.env.errors import Unavailable
+from orchard.env.models import NetworkPolicy
 from tests.backends.backend_harness import TEST_LABELS, Harness
 from tests.backends.test_backend_contract import make_spec, ready
 
 pytestmark = pytest.mark.anyio
 
 N = 20
+NETWORKED = 4  # their network namespaces are not named (no bind mount) either
 # Mounts that the Docker engine makes for other tests running beside this one.
 _DOCKERS = ("/var/lib/docker/", "/run/docker/")
 
@@ -58,7 +60,10 @@ async def test_host_mount_table_does_not_grow_per_sandbox(
     local: LocalBackend, tmp_state_dir: Path, busybox_image: str
 ) -> None:
     before = host_mounts()
-    specs = [make_spec(busybox_image) for _ in range(N)]
+    specs = [make_spec(busybox_image) for _ in range(N - NETWORKED)]
+    specs += [
+        make_spec(busybox_image, network=NetworkPolicy(egress="all")) for _ in range(NETWORKED)
+    ]
     first = await local.create(specs[0])
     inside_first = await _mountinfo_lines(first, specs[0])
     recs = [first, *await asyncio.gather(*(local.create(s) for s in specs[1:]))]
@@ -68,6 +73,9 @@ async def test_host_mount_table_does_not_grow_per_sandbox(
     last = recs[-1]
     inside_last = await _mountinfo_lines(last, specs[-1])
     assert inside_last - inside_first < N // 2  # what runc copied did not grow either
+    async with await ready(last, specs[-1]) as agent:
+        res = await agent.exec("ls /sys/class/net")
+        assert res.stdout.split() == ["eth0", "lo"]  # networked through the init's pid
 
     # The rootfs is the overlay with its size-limited writable layer, inside only.
     async with await ready(last, specs[-1]) as agent:

@@ -1,24 +1,28 @@
 """Networking of the local backend: a host bridge of ours, one veth pair per networked sandbox.
 
 runc always gives a sandbox a new network namespace with only loopback (egress `none`).
-For `all`/`allow` the namespace is named (`ip netns attach orchard-<id> <pid>`, a bind
-mount in /run/netns) and gets a veth pair whose host end joins the bridge `orchard0`
+For `all`/`allow` it gets a veth pair whose host end joins the bridge `orchard0`
 (subnet 10.215.0.0/16, distinct from the Docker backend's). Bridge ports are isolated,
 so sandboxes cannot reach each other; NAT (masquerade) takes their traffic out; the egress
 rules themselves are the Docker backend's (`orchard.env.network.EgressFirewall`, which
 also accepts the forwarded traffic that passed a sandbox's chain, as no engine does it
 for this bridge). Each step is one `ip -batch` call, so a networked create costs two
-`ip` processes and one `iptables-restore`.
+`ip` processes and one `iptables-restore`. The namespace is reached through its init's pid
+(the second `ip` joins it with setns(2) before exec), never named: a name is a bind mount
+in /run/netns, one more host mount per sandbox that runc would copy into every create.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hashlib
 import ipaddress
+import os
 import random
 import shutil
-from collections.abc import Iterable
+import subprocess
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from orchard.env.errors import Unavailable
@@ -26,12 +30,29 @@ from orchard.env.network import EgressFirewall
 
 LOCAL_BRIDGE = "orchard0"
 LOCAL_SUBNET = "10.215.0.0/16"
-NETNS_DIR = Path("/run/netns")
+NETNS_DIR = Path("/run/netns")  # where earlier versions named sandboxes' namespaces
 _NAT_TAG = "orchard-nat"
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def netns_name(sandbox_id: str) -> str:
+    """The name earlier versions gave a sandbox's namespace (removed on delete)."""
     return f"orchard-{sandbox_id}"
+
+
+def _enter_netns(pid: int) -> Callable[[], None]:
+    """For preexec_fn: move the child into the network namespace of process `pid`."""
+    path = f"/proc/{pid}/ns/net"
+
+    def enter() -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if _libc.setns(fd, _CLONE_NEWNET):
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns {path}: {os.strerror(err)}")
+        os.close(fd)
+
+    return enter
 
 
 def veth_names(sandbox_id: str) -> tuple[str, str]:
@@ -40,12 +61,15 @@ def veth_names(sandbox_id: str) -> tuple[str, str]:
     return f"orc{h}", f"orp{h}"
 
 
-async def _run(args: list[str], stdin: str | None = None) -> tuple[int, str]:
+async def _run(
+    args: list[str], stdin: str | None = None, preexec: Callable[[], None] | None = None
+) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         *args,
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
+        preexec_fn=preexec,
     )
     out, _ = await proc.communicate(stdin.encode() if stdin is not None else None)
     return proc.returncode or 0, out.decode(errors="replace").strip()
@@ -138,33 +162,35 @@ class LocalNetwork:
                 raise Unavailable(f"cannot install NAT for {self.net}: {out}")
 
     async def attach(self, sandbox_id: str, pid: int, ip: str) -> None:
-        """Name the sandbox's namespace and plug it into the bridge at `ip`."""
+        """Plug the namespace of the sandbox's init `pid` into the bridge at `ip`."""
         await self.ensure()
-        ns = netns_name(sandbox_id)
         host, peer = veth_names(sandbox_id)
         rc, out = await _run(
             [_ip(), "-batch", "-"],
-            f"netns attach {ns} {pid}\n"
             f"link add {host} type veth peer name {peer}\n"
-            f"link set {peer} netns {ns}\n"
+            f"link set {peer} netns {pid}\n"
             f"link set {host} master {self.bridge}\n"
             f"link set dev {host} type bridge_slave isolated on\n"
             f"link set {host} up\n",
         )
         if rc != 0:
             raise Unavailable(f"cannot plug sandbox {sandbox_id} into {self.bridge}: {out}")
-        rc, out = await _run(
-            [_ip(), "-n", ns, "-batch", "-"],
-            f"link set {peer} name eth0\n"
-            f"addr add {ip}/{self.net.prefixlen} dev eth0\n"
-            "link set eth0 up\n"
-            f"route add default via {self.gateway}\n",
-        )
+        try:
+            rc, out = await _run(
+                [_ip(), "-batch", "-"],
+                f"link set {peer} name eth0\n"
+                f"addr add {ip}/{self.net.prefixlen} dev eth0\n"
+                "link set eth0 up\n"
+                f"route add default via {self.gateway}\n",
+                preexec=_enter_netns(pid),
+            )
+        except subprocess.SubprocessError as exc:  # setns failed: the sandbox died meanwhile
+            raise Unavailable(f"cannot enter the network of sandbox {sandbox_id}: {exc}") from exc
         if rc != 0:
             raise Unavailable(f"cannot configure the network of sandbox {sandbox_id}: {out}")
 
     async def detach(self, sandbox_id: str) -> None:
-        """Remove the veth pair and the namespace's name; nothing there is fine."""
+        """Remove the veth pair (and an earlier version's name); nothing there is fine."""
         ns = netns_name(sandbox_id)
         host, _ = veth_names(sandbox_id)
         lines = []
