@@ -2,7 +2,7 @@
 
 The restarted service must find them all (4 with a veth and firewall rules), remove the
 two that died meanwhile, use the rest and delete them leaving nothing behind: no mount,
-veth, named network namespace, cgroup, runc state or process.
+veth, network namespace, cgroup, runc state or process.
 
 The sandboxes' first processes outlive the killed service and are re-parented to the
 nearest child subreaper; on a normal host that is init (systemd reaps them). This host's
