@@ -77,6 +77,7 @@ type extractor struct {
 	// folders cost 100 walks, not 10,000. Emptied whenever an entry could change what
 	// a name leads to (a link, a fifo, anything replaced).
 	known map[string]string
+	buf   []byte // one copy buffer for every file
 }
 
 func extract(root string, in io.Reader) (tarResult, error) {
@@ -307,37 +308,33 @@ func (x *extractor) dir(dst string, h *tar.Header) error {
 }
 
 func (x *extractor) file(dst string, h *tar.Header, r io.Reader) error {
-	// O_EXCL: never follow a symlink at dst. Most names are new, so try creating first
-	// and clear the way only when something is there.
-	const flags = os.O_WRONLY | os.O_CREATE | os.O_EXCL
-	f, err := os.OpenFile(dst, flags, 0o600)
+	// Most names are new, so create first and clear the way only when something is there.
+	f, err := createExcl(dst, 0o600)
 	if os.IsExist(err) {
 		x.forget() // what is removed may be a folder that later names lead through
 		if err := clearPath(dst, false); err != nil {
 			return err
 		}
-		f, err = os.OpenFile(dst, flags, 0o600)
+		f, err = createExcl(dst, 0o600)
 	}
 	if err != nil {
 		return createError(err)
 	}
-	n, err := io.Copy(f, r)
+	if x.buf == nil {
+		x.buf = make([]byte, 256<<10)
+	}
+	n, err := io.CopyBuffer(f, r, x.buf)
 	x.res.Bytes += n
 	if err != nil {
-		f.Close()
+		f.close()
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrHeader) {
 			return api.BadRequest("tar entry %q is truncated: %v", h.Name, err)
 		}
 		return createError(err)
 	}
-	if err := f.Chmod(goMode(uint32(h.Mode))); err != nil {
-		f.Close()
+	if err := f.finish(uint32(h.Mode), h.ModTime); err != nil {
 		return createError(err)
 	}
-	if err := f.Close(); err != nil {
-		return createError(err)
-	}
-	setMtime(dst, h.ModTime)
 	return nil
 }
 
