@@ -16,8 +16,8 @@ so this process makes itself a child subreaper to inherit each sandbox's init an
 its exit status (a pidfd per sandbox, no polling). After a crash of the service its
 sandboxes keep running; the next backend over the same state folder finds them all from
 the folders, re-adopts the living and removes the dead, leaving no cgroup, veth, rule or
-folder behind (their mounts died with their namespaces). Exit statuses of sandboxes that end while no service
-runs go to the host's init (which must reap orphans, as systemd does).
+folder behind (their mounts died with their namespaces). Exit statuses of sandboxes that
+end while no service runs go to the host's init (which must reap orphans, as systemd does).
 """
 
 from __future__ import annotations
