@@ -12,6 +12,7 @@ import base64
 import io
 import os
 import random
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +144,9 @@ class Call(Generic[T]):
     json: Any = None
     # Called once per attempt, so a retried upload re-reads its source from the start.
     body: BodyFactory | None = None
+    # The exact size of a streamed body, when known: sent as Content-Length, so every hop
+    # passes the bytes straight through instead of framing (and copying) chunks.
+    length: int | None = None
     idempotent: bool = False
     read_timeout: float | Default | None = "default"
 
@@ -469,27 +473,47 @@ def wait_process(sandbox_id: str, pid: str, timeout_s: float | None) -> Call[m.P
 FileData = bytes | bytearray | memoryview | str | IO[bytes]
 
 
-def _body_of(data: FileData) -> tuple[BodyFactory, bool]:
-    """A per-attempt body factory, and whether it can be replayed (so the PUT may retry)."""
+def _body_of(data: FileData) -> tuple[BodyFactory, bool, int | None]:
+    """A per-attempt body factory, whether it can be replayed (so the PUT may retry), and
+    its size if known up front (a regular file's rest)."""
     if isinstance(data, str):
         raw = data.encode()
-        return (lambda: raw), True
+        return (lambda: raw), True, None
     if isinstance(data, bytes | bytearray | memoryview):
         raw = bytes(data)
-        return (lambda: raw), True
+        return (lambda: raw), True, None
     fobj = data
     try:
         start: int | None = fobj.tell() if fobj.seekable() else None
     except (OSError, ValueError):
         start = None
+    size = _regular_size(fobj) if start is not None else None
+    length = None if size is None or start is None else max(size - start, 0)
 
     def chunks() -> Iterator[bytes]:
         if start is not None:
             fobj.seek(start)
-        while chunk := fobj.read(CHUNK):
+        if length is None:
+            while chunk := fobj.read(CHUNK):
+                yield bytes(chunk)
+            return
+        left = length  # exactly the announced size, even if the file grows meanwhile
+        while left > 0:
+            chunk = fobj.read(min(CHUNK, left))
+            if not chunk:
+                raise OrchardError(f"file shrank while sent: {left} of {length} bytes missing")
+            left -= len(chunk)
             yield bytes(chunk)
 
-    return chunks, start is not None
+    return chunks, start is not None, length
+
+
+def _regular_size(fobj: IO[bytes]) -> int | None:
+    try:
+        st = os.fstat(fobj.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def read_file(sandbox_id: str, path: str, offset: int | None, length: int | None) -> Call[bytes]:
@@ -513,13 +537,14 @@ def write_file(
     params: Params = [("path", path), ("overwrite", "true" if overwrite else "false")]
     if mode is not None:
         params.append(("mode", f"{mode:04o}"))
-    body, replayable = _body_of(data)
+    body, replayable, length = _body_of(data)
     return Call(
         "PUT",
         f"{sandbox_path(sandbox_id)}/files",
         _model(m.FileStat),
         params=params,
         body=body,
+        length=length,
         # overwrite=false is not idempotent: a retry would see its own first attempt as a 409.
         idempotent=replayable and overwrite,
         read_timeout=None,

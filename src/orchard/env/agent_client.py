@@ -305,13 +305,15 @@ class AgentClient:
         headers: Mapping[str, str] | list[tuple[str, str]] | None = None,
         content: Body | None = None,
         timeout: httpx.Timeout | None = None,
+        length: int | None = None,
     ) -> httpx.Response:
         """Send a request as given and return the agent's response as it is (errors included).
 
         Hop-by-hop headers and the caller's Authorization are dropped; the agent's token is
-        added. Only a connection failure raises (AgentUnavailable).
+        added. `length`, a streamed `content`'s exact size, is sent as Content-Length (the
+        body is then not chunked). Only a connection failure raises (AgentUnavailable).
         """
-        req = self._forward_request(method, path, params, headers, content, timeout)
+        req = self._forward_request(method, path, params, headers, content, timeout, length)
         resp = await self._send(req)
         await resp.aread()
         return resp
@@ -384,9 +386,12 @@ class AgentClient:
         headers: Mapping[str, str] | list[tuple[str, str]] | None,
         content: Body | None,
         timeout: httpx.Timeout | None,
+        length: int | None = None,
     ) -> httpx.Request:
         items = headers.items() if isinstance(headers, Mapping) else (headers or [])
         kept = [(k, v) for k, v in items if k.lower() not in _HOP_HEADERS]
+        if length is not None:
+            kept.append(("Content-Length", str(length)))
         ext = {"timeout": timeout.as_dict()} if timeout is not None else None
         return self._http.build_request(
             method, path, params=params, headers=kept, content=content, extensions=ext

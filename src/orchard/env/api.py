@@ -193,8 +193,11 @@ async def forward(
     content: bytes | AsyncIterator[bytes] | None = None,
     content_type: str | None = "application/json",
     timeout: httpx.Timeout = _QUICK,
+    length: int | None = None,
 ) -> Response:
-    """One agent call whose JSON answer is passed through as is (agent errors become ours)."""
+    """One agent call whose JSON answer is passed through as is (agent errors become ours).
+
+    `length` is a streamed body's exact size, passed on as Content-Length (not chunked)."""
     agent = await svc.agent(owner, sid)
     try:
         if content is None or isinstance(content, bytes):
@@ -211,7 +214,13 @@ async def forward(
         else:
             headers = {"Content-Type": content_type} if content_type else None
             resp = await agent.forward(
-                method, path, params=params, headers=headers, content=content, timeout=timeout
+                method,
+                path,
+                params=params,
+                headers=headers,
+                content=content,
+                timeout=timeout,
+                length=length,
             )
             status, data, ctype = resp.status_code, resp.content, resp.headers.get("content-type")
     except AgentUnavailable as e:
@@ -302,6 +311,11 @@ async def upload(
 ) -> Response:
     limit = svc.config.max_upload_bytes
     _check_length(request, limit)
+    # A body with a Content-Length (uvicorn holds the client to it) keeps it on the way to
+    # the agent: the bytes pass straight through, with no chunk framing on either hop.
+    declared = request.headers.get("content-length", "")
+    chunked = "transfer-encoding" in request.headers
+    length = int(declared) if declared.isdigit() and not chunked else None
     return await forward(
         svc,
         owner,
@@ -312,6 +326,7 @@ async def upload(
         content=_limited(request, limit),
         content_type=request.headers.get("content-type", ctype),
         timeout=_UNBOUNDED,
+        length=length,
     )
 
 

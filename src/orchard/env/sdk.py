@@ -137,6 +137,7 @@ class Orchard:
             params=httpx.QueryParams(call.params),
             json=call.json,
             content=call.body() if call.body else None,
+            headers=None if call.length is None else {"Content-Length": str(call.length)},
             timeout=call.timeout(self._timeout),
         )
         return self.http.send(request, stream=stream)
