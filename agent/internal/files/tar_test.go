@@ -376,3 +376,48 @@ func (p *pattern) Read(b []byte) (int, error) {
 	}
 	return len(b), nil
 }
+
+// Folders are resolved once per upload and remembered; a symlink entry must still
+// never let a later entry through it to outside the target, and a second upload
+// over the same files replaces every one of them.
+func TestTarRemembersFoldersSafely(t *testing.T) {
+	c := newClient(t)
+	base := t.TempDir()
+	outside := filepath.Join(base, "outside")
+	must(t, os.Mkdir(outside, 0o755))
+	before := snapshot(t, outside)
+	target := filepath.Join(base, "target")
+	var entries []tEntry
+	for i := 0; i < 300; i++ {
+		name := filepath.Join("d"+strings.Repeat("x", i%3), "sub", "f"+strings.Repeat("y", i%7)+string(rune('a'+i%26)))
+		entries = append(entries, tEntry{name: name, typ: tar.TypeReg, mode: 0o644, body: name})
+	}
+	entries = append(entries,
+		tEntry{name: "link", typ: tar.TypeSymlink, link: "d/sub", mode: 0o777},
+		tEntry{name: "link/through", typ: tar.TypeReg, mode: 0o644, body: "inside"},
+	)
+	for round := 0; round < 2; round++ {
+		if code, body := c.upload(target, buildTar(t, entries, false)); code != 200 {
+			t.Fatalf("round %d: %d %s", round, code, body)
+		}
+	}
+	for _, e := range entries[:300] {
+		if b, err := os.ReadFile(filepath.Join(target, e.name)); err != nil || string(b) != e.body {
+			t.Fatalf("%s = %q, %v", e.name, b, err)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(target, "d", "sub", "through")); string(b) != "inside" {
+		t.Fatalf("through the inside link: %q", b)
+	}
+	evil := buildTar(t, []tEntry{
+		{name: "d/sub/again", typ: tar.TypeReg, mode: 0o644, body: "x"}, // d and d/sub remembered
+		{name: "d/out", typ: tar.TypeSymlink, link: outside, mode: 0o777},
+		{name: "d/out/evil", typ: tar.TypeReg, mode: 0o644, body: "evil"},
+	}, false)
+	if code, body := c.upload(target, evil); code != 400 {
+		t.Fatalf("escape through a link: %d %s", code, body)
+	}
+	if after := snapshot(t, outside); after != before {
+		t.Fatalf("outside changed:\n%s", after)
+	}
+}
