@@ -32,10 +32,10 @@ from orchard.env.errors import (
     RegistryUnavailable,
 )
 from orchard.env.models import NetworkPolicy
+from tests.backends.backend_harness import TEST_LABELS, owned
 
 pytestmark = pytest.mark.anyio
 
-TEST_LABELS = {"orchard.test": "1"}
 CAP_NET_RAW = 13
 
 
@@ -62,13 +62,8 @@ def agent_for(rec: SandboxRecord, spec: SandboxSpec) -> AgentClient:
 async def backend(
     docker_ready: None, tmp_state_dir: Path, agent_binary: Path
 ) -> AsyncIterator[DockerBackend]:
-    b = DockerBackend(tmp_state_dir, agent_binary, extra_labels=TEST_LABELS)
-    try:
+    async with owned(DockerBackend(tmp_state_dir, agent_binary, extra_labels=TEST_LABELS)) as b:
         yield b
-    finally:
-        for rec in await b.list():
-            await b.delete(rec.id)
-        await b.close()
 
 
 @pytest.fixture(scope="module")

@@ -32,9 +32,9 @@ from orchard.env.network import (
     resolve_allow,
     sandbox_rules,
 )
+from tests.backends.backend_harness import TEST_LABELS, owned
 
 TARGET_NET = "orchard-test-targets"
-TEST_LABELS = {"orchard.test": "1"}
 PORT = 8080
 
 # ---------------------------------------------------------------- pure parts
@@ -128,13 +128,8 @@ def targets(busybox_image: str) -> Iterator[Targets]:
 async def backend(
     docker_ready: None, tmp_state_dir: Path, agent_binary: Path
 ) -> AsyncIterator[DockerBackend]:
-    b = DockerBackend(tmp_state_dir, agent_binary, extra_labels=TEST_LABELS)
-    try:
+    async with owned(DockerBackend(tmp_state_dir, agent_binary, extra_labels=TEST_LABELS)) as b:
         yield b
-    finally:
-        for rec in await b.list():
-            await b.delete(rec.id)
-        await b.close()
 
 
 @dataclass

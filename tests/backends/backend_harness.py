@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from orchard.env.backends.docker import DockerBackend
 from orchard.env.backends.local import CGROUP_PARENT, LocalBackend
@@ -19,6 +22,18 @@ TEST_LABELS = {"orchard.test": "1"}
 BACKENDS = ("docker", "local")
 
 AnyBackend = DockerBackend | LocalBackend
+B = TypeVar("B", DockerBackend, LocalBackend)
+
+
+@contextlib.asynccontextmanager
+async def owned(backend: B) -> AsyncIterator[B]:
+    """`backend` for one test: afterwards every sandbox it lists is deleted and it is closed."""
+    try:
+        yield backend
+    finally:
+        for rec in await backend.list():
+            await backend.delete(rec.id)
+        await backend.close()
 
 
 @dataclass

@@ -18,7 +18,7 @@ from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.backends.local import LocalBackend
 from orchard.env.errors import Unavailable
 from orchard.env.models import NetworkPolicy
-from tests.backends.backend_harness import TEST_LABELS, Harness
+from tests.backends.backend_harness import TEST_LABELS, Harness, owned
 from tests.backends.test_backend_contract import make_spec, ready
 
 pytestmark = pytest.mark.anyio
@@ -40,12 +40,8 @@ async def local(tmp_state_dir: Path, agent_binary: Path) -> AsyncIterator[LocalB
     b = LocalBackend(
         tmp_state_dir, agent_binary, extra_labels=TEST_LABELS, upper_size_bytes=8 << 20
     )
-    try:
+    async with owned(b):
         yield b
-    finally:
-        for rec in await b.list():
-            await b.delete(rec.id)
-        await b.close()
 
 
 async def _mountinfo_lines(rec: SandboxRecord, spec: SandboxSpec) -> int:
