@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 
 import httpx
 
-from orchard.env.agent_http import AgentHTTP, Reply
+from orchard.env.agent_http import AgentHTTP, Reply, StreamReply
 from orchard.env.backends.base import AgentEndpoint
 from orchard.env.errors import (
     AgentUnavailable,
@@ -377,6 +377,25 @@ class AgentClient:
             raise AgentUnavailable(f"agent at {self._where()} broke off a stream: {e!r}") from e
         finally:
             await resp.aclose()
+
+    @asynccontextmanager
+    async def download(
+        self, path: str, *, params: ForwardParams = None
+    ) -> AsyncIterator[StreamReply]:
+        """GET a byte stream (a file, a tar) to relay as is, errors included.
+
+        On a plain-HTTP agent this is the lean client's stream: 1 MiB pieces and none of
+        httpx's per-read cost, which is most of the service's CPU on a big download.
+        """
+        if self._plain is None:
+            async with self.stream("GET", path, params=params) as resp:
+                headers = {k.lower(): v for k, v in resp.headers.items()}
+                yield StreamReply(resp.status_code, headers, resp.aiter_raw())
+            return
+        query = _query(params)
+        target = path + ("?" + query if query else "")
+        async with self._plain.stream("GET", target) as reply:
+            yield reply
 
     def _forward_request(
         self,

@@ -178,10 +178,6 @@ def _agent_error(status: int, raw: bytes) -> OrchardError:
     return agent_error(status, body)
 
 
-async def _raise_agent_error(resp: httpx.Response) -> None:
-    raise _agent_error(resp.status_code, await resp.aread())
-
-
 async def forward(
     svc: SandboxService,
     owner: str,
@@ -249,29 +245,43 @@ async def stream(
     headers: list[tuple[str, str]] | None = None,
     content: bytes | AsyncIterator[bytes] | None = None,
     passthrough_errors: bool = False,
+    download: bool = False,
 ) -> StreamingResponse:
-    """Open an agent stream and relay it; the upstream closes when the client goes away."""
+    """Open an agent stream and relay it; the upstream closes when the client goes away.
+
+    `download` (a GET of a file or tar) takes the agent client's lean download path."""
     agent = await svc.agent(owner, sid)
     stack = AsyncExitStack()
     try:
-        resp = await stack.enter_async_context(
-            agent.stream(method, path, params=params, headers=headers, content=content)
-        )
+        if download:
+            dl = await stack.enter_async_context(agent.download(path, params=params))
+            status, chunks, read = dl.status, dl.body, dl.read
+            raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in dl.headers.items()]
+        else:
+            resp = await stack.enter_async_context(
+                agent.stream(method, path, params=params, headers=headers, content=content)
+            )
+            status, chunks, read, raw = (
+                resp.status_code,
+                resp.aiter_raw(),
+                resp.aread,
+                resp.headers.raw,
+            )
     except AgentUnavailable as e:
         await stack.aclose()
         raise await svc.agent_failed(owner, sid, e) from e
     except BaseException:
         await stack.aclose()
         raise
-    if resp.status_code >= 400 and not passthrough_errors:
+    if status >= 400 and not passthrough_errors:
         try:
-            await _raise_agent_error(resp)
+            raise _agent_error(status, await read())
         finally:
             await stack.aclose()
 
     async def relay() -> AsyncIterator[bytes]:
         try:
-            async for chunk in resp.aiter_raw():
+            async for chunk in chunks:
                 yield chunk
         finally:
             # Shielded: on client disconnect this scope is cancelled, yet upstream must close.
@@ -279,8 +289,8 @@ async def stream(
                 await stack.aclose()
             svc.touch(sid)
 
-    out = StreamingResponse(relay(), status_code=resp.status_code)
-    out.raw_headers = _filtered(resp.headers.raw)
+    out = StreamingResponse(relay(), status_code=status)
+    out.raw_headers = _filtered(raw)
     return out
 
 
@@ -552,7 +562,9 @@ async def read_file(
     offset: Annotated[int | None, Query(ge=0)] = None,
     length: Annotated[int | None, Query(ge=0)] = None,
 ) -> StreamingResponse:
-    return await stream(svc, owner, sandbox_id, "GET", "/files", params=request.query_params)
+    return await stream(
+        svc, owner, sandbox_id, "GET", "/files", params=request.query_params, download=True
+    )
 
 
 @router.put(SB + "/files", status_code=201, response_model=FileStat, tags=["files"])
@@ -608,7 +620,9 @@ async def upload_tar(
 async def download_tar(
     request: Request, sandbox_id: str, path: str, owner: Owner, svc: Svc
 ) -> StreamingResponse:
-    return await stream(svc, owner, sandbox_id, "GET", "/files/tar", params=request.query_params)
+    return await stream(
+        svc, owner, sandbox_id, "GET", "/files/tar", params=request.query_params, download=True
+    )
 
 
 # ---------------------------------------------------------------- routes: port proxy
