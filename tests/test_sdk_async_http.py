@@ -235,6 +235,17 @@ async def test_uploads_sized_and_chunked(targets: dict[str, core.Target], sandbo
             sized.method, sized.path, sized.parse, sized.params, body=lambda: iter(chunks)
         )
         assert streamed.parse(await lean.request(streamed, TIMEOUT)).size == len(data)
+        # a stream of known size (a regular file) goes with Content-Length, unframed
+        known = core.Call(
+            sized.method,
+            sized.path,
+            sized.parse,
+            sized.params,
+            body=lambda: iter(chunks),
+            length=len(data),
+        )
+        assert b"Content-Length: %d\r\n" % len(data) in lean._head(known, iter(chunks))
+        assert known.parse(await lean.request(known, TIMEOUT)).size == len(data)
         read = core.read_file(sandbox_id, "/tmp/sized", None, None)
         assert read.parse(await lean.request(read, TIMEOUT)) == data
         assert lean.opened == 1

@@ -176,6 +176,8 @@ class AsyncLeanHTTP:
         head = request_head(self.prefix, self._fixed, call)
         if isinstance(body, bytes):
             return f"{head}Content-Length: {len(body)}\r\n\r\n".encode("latin-1")
+        if call.length is not None:  # a regular file: sized, so no hop re-frames it
+            return f"{head}Content-Length: {call.length}\r\n\r\n".encode("latin-1")
         return f"{head}Transfer-Encoding: chunked\r\n\r\n".encode("latin-1")
 
     # ------------------------------------------------------------ the pool
@@ -273,12 +275,14 @@ async def _send(writer: asyncio.StreamWriter, head: bytes, body: Body) -> None:
         writer.write(head + body if body else head)
     else:
         writer.write(head)
+        chunked = head.endswith(b"Transfer-Encoding: chunked\r\n\r\n")
         # A blocking, disk-backed source: each read in a worker thread, coalesced.
         it = coalesce(body)
         while (chunk := await asyncio.to_thread(next, it, None)) is not None:
-            writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
             await writer.drain()
-        writer.write(b"0\r\n\r\n")
+        if chunked:
+            writer.write(b"0\r\n\r\n")
     await writer.drain()
 
 
