@@ -17,7 +17,7 @@ from orchard.train.rollout import Generation
 from orchard.train.tiny import build_model, build_tokenizer
 from tests.train.tiny_grpo import tiny_grpo_config
 
-from .test_harness import HOODIES, TAGS, TODO_SPEC, shared
+from .test_harness import CHORES_SPEC, HOODIES, TAGS, shared
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_solving_policy_is_rewarded_by_the_grade(claw_world: World, tokenizer: A
         "Added that one too.",
     ]
     runner = ClawRolloutRunner(shared(claw_world), tokenizer, ReplayGenerator(tokenizer, replies))
-    ep = runner.run(TODO_SPEC)
+    ep = runner.run(CHORES_SPEC)
     r = ep.payload
     assert isinstance(r, ClawEpisodeResult) and r.error is None, r
     assert ep.outcome is Outcome.SUBMITTED and r.exit_status == "Completed"
@@ -61,14 +61,14 @@ def test_solving_policy_is_rewarded_by_the_grade(claw_world: World, tokenizer: A
     assert ep.length == sum(rec.env_mask) and rec.env_mask[-1] == 1
     # the tools went into the chat template; the follow-up came from the simulated user
     prompt = tokenizer.decode(rec.prompt_ids)
-    assert '"name": "todo_add"' in prompt and TODO_SPEC.request in prompt
-    assert TODO_SPEC.user is not None
-    assert TODO_SPEC.user.follow_ups[0] in tokenizer.decode(rec.completion_ids)
+    assert '"name": "todo_add"' in prompt and CHORES_SPEC.request in prompt
+    assert CHORES_SPEC.user is not None
+    assert CHORES_SPEC.user.follow_ups[0] in tokenizer.decode(rec.completion_ids)
     score_runner = ClawRolloutRunner(
         shared(claw_world), tokenizer, ReplayGenerator(tokenizer, ["Nothing to do."] * 2)
     )
     score_runner.reward = "score"
-    idle = score_runner.run(TODO_SPEC)
+    idle = score_runner.run(CHORES_SPEC)
     assert idle.payload is not None and isinstance(idle.payload, ClawEpisodeResult)
     assert idle.reward == pytest.approx(idle.payload.score - 0.75) and idle.reward < 0
 
@@ -77,7 +77,7 @@ def test_grpo_step_with_the_tiny_model(claw_world: World, tokenizer: Any, tmp_pa
     """One TRL GRPO step (`train_grpo`) whose rollouts are BAR groups of graded Claw episodes."""
     cfg = tiny_grpo_config(tmp_path / "grpo", max_tokens_per_turn=8, concurrency=1)  # 1 world
     # the task with the two search tools only: a short prompt keeps CPU sampling quick
-    short = TODO_SPEC.model_copy(update={"services": ["search"]})
+    short = CHORES_SPEC.model_copy(update={"services": ["search"]})
     factory = claw_runner_factory(
         shared(claw_world), tokenizer, HarnessConfig(step_limit=1), reward="score",
         max_new_tokens=8, seed=0,

@@ -22,7 +22,7 @@ from orchard.swe.models import OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 # A tiny two-turn task: the user asks for one to-do, then (a scripted follow-up) another.
-TODO_SPEC = TaskSpec.model_validate(
+CHORES_SPEC = TaskSpec.model_validate(
     {
         "id": "c3-todos",
         "category": "notes",
@@ -109,11 +109,11 @@ def test_solving_model_passes_both_turns(claw_world: World, tmp_path: Path) -> N
     ]
     seen: list[str] = []
     with FakeOpenAIServer(script) as server:
-        model = model_for(server, TODO_SPEC)
+        model = model_for(server, CHORES_SPEC)
         path = tmp_path / "t.traj.json"
         t = play(
             claw_world,
-            TODO_SPEC,
+            CHORES_SPEC,
             model,
             HarnessConfig(),
             path=path,
@@ -129,7 +129,7 @@ def test_solving_model_passes_both_turns(claw_world: World, tmp_path: Path) -> N
     roles = [m["role"] for m in traj.messages]
     turn1 = ["system", "user", "assistant", "tool", "assistant"]
     assert roles == [*turn1, "user", "assistant", "tool", "assistant"]
-    assert traj.messages[5]["content"] == TODO_SPEC.user.follow_ups[0]  # type: ignore[union-attr]
+    assert traj.messages[5]["content"] == CHORES_SPEC.user.follow_ups[0]  # type: ignore[union-attr]
     tool_msg = traj.messages[3]
     assert (
         tool_msg["tool_call_id"] == "call_0"
@@ -148,7 +148,7 @@ def test_solving_model_passes_both_turns(claw_world: World, tmp_path: Path) -> N
 def test_idle_model_fails(claw_world: World) -> None:
     script = [Reply(content="Sure, will do."), Reply(content="Okay.")]
     with FakeOpenAIServer(script) as server:
-        t = play(claw_world, TODO_SPEC, model_for(server, TODO_SPEC), HarnessConfig())
+        t = play(claw_world, CHORES_SPEC, model_for(server, CHORES_SPEC), HarnessConfig())
     assert t.trajectory.exit_status == "Completed" and not t.trajectory.calls
     assert not t.grade.passed and t.grade.completion == 0.0
     assert t.audit == []
@@ -165,7 +165,7 @@ def test_malformed_calls_get_tool_errors(claw_world: World) -> None:
         Reply(content="Added that too."),
     ]
     with FakeOpenAIServer(script) as server:
-        t = play(claw_world, TODO_SPEC, model_for(server, TODO_SPEC), HarnessConfig())
+        t = play(claw_world, CHORES_SPEC, model_for(server, CHORES_SPEC), HarnessConfig())
     traj = t.trajectory
     assert traj.exit_status == "Completed" and t.grade.passed
     errors = [c.error for c in traj.calls[:3]]
@@ -182,22 +182,24 @@ def test_malformed_calls_get_tool_errors(claw_world: World) -> None:
 def test_limits_end_runaway_episodes(claw_world: World) -> None:
     loop = [calls(("todo_list", {})) for _ in range(5)]
     with FakeOpenAIServer(loop) as server:
-        t = play(claw_world, TODO_SPEC, model_for(server, TODO_SPEC), HarnessConfig(step_limit=3))
+        t = play(
+            claw_world, CHORES_SPEC, model_for(server, CHORES_SPEC), HarnessConfig(step_limit=3)
+        )
     assert t.trajectory.exit_status == "StepLimit" and t.trajectory.model_calls == 3
     bad = [Reply(tool_calls=[raw_call("nope", "{}")]) for _ in range(5)]
     with FakeOpenAIServer(bad) as server:
         t = play(
             claw_world,
-            TODO_SPEC,
-            model_for(server, TODO_SPEC),
+            CHORES_SPEC,
+            model_for(server, CHORES_SPEC),
             HarnessConfig(max_consecutive_errors=2),
         )
     assert t.trajectory.exit_status == "RepeatedToolErrors" and len(t.trajectory.calls) == 2
     with FakeOpenAIServer([]) as server:
         t = play(
             claw_world,
-            TODO_SPEC,
-            model_for(server, TODO_SPEC),
+            CHORES_SPEC,
+            model_for(server, CHORES_SPEC),
             HarnessConfig(wall_time_limit_s=0),
         )
     assert t.trajectory.exit_status == "TimeLimit" and not server.requests
@@ -205,7 +207,7 @@ def test_limits_end_runaway_episodes(claw_world: World) -> None:
 
 def test_model_failure_is_recorded(claw_world: World) -> None:
     with FakeOpenAIServer([Reply(status=400)]) as server:
-        t = play(claw_world, TODO_SPEC, model_for(server, TODO_SPEC), HarnessConfig())
+        t = play(claw_world, CHORES_SPEC, model_for(server, CHORES_SPEC), HarnessConfig())
     assert t.trajectory.exit_status == "ModelError" and "HTTP 400" in (t.trajectory.error or "")
     assert not t.grade.passed
 
@@ -221,8 +223,8 @@ def test_assistant_harness_shell_and_files(claw_world: World) -> None:
         Reply(content="Added."),
     ]
     with FakeOpenAIServer(script) as server:
-        model = model_for(server, TODO_SPEC, "assistant")
-        t = play(claw_world, TODO_SPEC, model, HarnessConfig("assistant"))
+        model = model_for(server, CHORES_SPEC, "assistant")
+        t = play(claw_world, CHORES_SPEC, model, HarnessConfig("assistant"))
     traj = t.trajectory
     assert traj.exit_status == "Completed" and t.grade.passed
     assert all(c.error is None for c in traj.calls), traj.calls
@@ -235,9 +237,9 @@ def test_assistant_harness_shell_and_files(claw_world: World) -> None:
 
 
 def test_scripted_policies(claw_world: World) -> None:
-    ref = play(claw_world, TODO_SPEC, reference_model(TODO_SPEC), HarnessConfig())
+    ref = play(claw_world, CHORES_SPEC, reference_model(CHORES_SPEC), HarnessConfig())
     assert ref.grade.passed and ref.trajectory.answer == "Added both to-dos."
     assert [c.tool for c in ref.trajectory.calls] == ["todo_add", "todo_add"]
-    null = play(claw_world, TODO_SPEC, null_model(), HarnessConfig())
+    null = play(claw_world, CHORES_SPEC, null_model(), HarnessConfig())
     assert not null.grade.passed and not null.trajectory.calls
     assert call_message("x", {"a": 1})["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'

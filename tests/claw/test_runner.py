@@ -26,10 +26,10 @@ from orchard.claw.world import World, WorldError
 from orchard.swe.models import Model, OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
-from .test_harness import HOODIES, TAGS, TODO_SPEC, calls, shared
+from .test_harness import CHORES_SPEC, HOODIES, TAGS, calls, shared
 
 # The same task with a reference that does nothing: every replay of it fails.
-BROKEN_SPEC = TODO_SPEC.model_copy(
+BROKEN_SPEC = CHORES_SPEC.model_copy(
     update={"id": "c3-broken", "category": "mail", "reference": [], "reference_answer": "No."}
 )
 
@@ -49,7 +49,7 @@ def test_run_resume_regrade_export(claw_client: Orchard, claw_world: World, tmp_
     def run(url: str, k: int) -> dict[str, Any]:
         return run_trials(
             claw_client,
-            [TODO_SPEC],
+            [CHORES_SPEC],
             model_factory(url, name="fake", params={"max_retries": 0}),
             HarnessConfig(),
             out,
@@ -64,7 +64,7 @@ def test_run_resume_regrade_export(claw_client: Orchard, claw_world: World, tmp_
     assert sent["tool_choice"] == "auto" and any(
         t["function"]["name"] == "todo_add" for t in sent["tools"]
     )
-    traj0 = out / TODO_SPEC.id / "trial-0.traj.json"
+    traj0 = out / CHORES_SPEC.id / "trial-0.traj.json"
     before = traj0.read_text()
     # k=2 on the same folder: only trial 1 runs (the server has one trial's replies)
     with FakeOpenAIServer(solving_script()) as server:
@@ -74,15 +74,15 @@ def test_run_resume_regrade_export(claw_client: Orchard, claw_world: World, tmp_
     rows = read_results(out)
     assert sorted(r["trial"] for r in rows) == [0, 1]
     assert all(r["harness"] == "tools" and r["tool_calls"] == 2 for r in rows)
-    world = json.loads((out / TODO_SPEC.id / "trial-1.world.json").read_text())
+    world = json.loads((out / CHORES_SPEC.id / "trial-1.world.json").read_text())
     assert [e["op"] for e in world["audit"]] == ["todo_add", "todo_add"]
     # regrading the saved trials gives the same grades
-    again = regrade([TODO_SPEC], out, k=2)
+    again = regrade([CHORES_SPEC], out, k=2)
     assert again["passed"] == 2 and again["mean_score"] == second["mean_score"]
     # a rubric that gained an llm item: unscored without a judge, scored by one on regrade
     asked = {"id": "polite", "check": {"kind": "llm", "question": "Was the reply polite?"}}
-    judged = TODO_SPEC.model_copy(
-        update={"rubric": [*TODO_SPEC.rubric, RubricItem.model_validate(asked)]}
+    judged = CHORES_SPEC.model_copy(
+        update={"rubric": [*CHORES_SPEC.rubric, RubricItem.model_validate(asked)]}
     )
     regrade([judged], out, k=2)
     assert all(r["no_score_items"] == ["polite"] for r in read_results(out))
@@ -94,7 +94,7 @@ def test_run_resume_regrade_export(claw_client: Orchard, claw_world: World, tmp_
     assert [i["ok"] for i in by_trial[0]["items"] if i["id"] == "polite"] == [False]
     assert [i["ok"] for i in by_trial[1]["items"] if i["id"] == "polite"] == [True]
     assert s["passed"] == 2 and s["mean_score"] < second["mean_score"]
-    regrade([TODO_SPEC], out, k=2)
+    regrade([CHORES_SPEC], out, k=2)
     sft = tmp_path / "sft.jsonl"
     assert export_sft(out, sft) == 2
     row = json.loads(sft.read_text().splitlines()[0])
@@ -113,7 +113,7 @@ def test_mixed_trials_two_workers(claw_client: Orchard, tmp_path: Path) -> None:
 
     s = run_trials(
         claw_client,
-        [TODO_SPEC, BROKEN_SPEC],
+        [CHORES_SPEC, BROKEN_SPEC],
         alternate,
         HarnessConfig(),
         tmp_path,
@@ -122,7 +122,7 @@ def test_mixed_trials_two_workers(claw_client: Orchard, tmp_path: Path) -> None:
         labels={"c3": "runner"},  # two fresh worlds, closed at the end
     )
     assert s["trials"] == 6 and s["tasks"] == 2
-    todo = [r for r in read_results(tmp_path) if r["task_id"] == TODO_SPEC.id]
+    todo = [r for r in read_results(tmp_path) if r["task_id"] == CHORES_SPEC.id]
     c = sum(r["passed"] for r in todo)
     assert 1 <= c <= 2  # which trials pass depends on the order the two workers took them
     assert s["categories"]["mail"]["pass_at_k"] == 0.0
@@ -140,7 +140,7 @@ def test_broken_world_is_retried_on_resume(
     def replay(worlds: WorldPool) -> dict[str, Any]:
         factory = model_factory("reference")
         return run_trials(
-            claw_client, [TODO_SPEC], factory, HarnessConfig(), tmp_path, worlds=worlds
+            claw_client, [CHORES_SPEC], factory, HarnessConfig(), tmp_path, worlds=worlds
         )
 
     s = replay(WorldPool(no_world))
@@ -158,11 +158,11 @@ def test_endpoint_failure_is_retried_on_resume(
             factory = model_factory(server.base_url, params={"max_retries": 0})
             worlds = shared(claw_world)
             return run_trials(
-                claw_client, [TODO_SPEC], factory, HarnessConfig(), tmp_path, worlds=worlds
+                claw_client, [CHORES_SPEC], factory, HarnessConfig(), tmp_path, worlds=worlds
             )
 
     s = run([Reply(status=400)])
-    assert s["trials"] == 0 and s["errors"][0].startswith(f"{TODO_SPEC.id}#0: ModelError")
+    assert s["trials"] == 0 and s["errors"][0].startswith(f"{CHORES_SPEC.id}#0: ModelError")
     s = run(solving_script())
     assert s["trials"] == 1 and s["passed"] == 1 and s["errors"] == []
 

@@ -16,11 +16,11 @@ from orchard.claw.world import World
 from orchard.swe.models import OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
-from .test_harness import TODO_SPEC
+from .test_harness import CHORES_SPEC
 
 
 def draft(**changes: Any) -> dict[str, Any]:
-    data = TODO_SPEC.model_dump(mode="json")
+    data = CHORES_SPEC.model_dump(mode="json")
     data.update(changes)
     return data
 
@@ -62,7 +62,7 @@ def test_keeps_good_drafts_and_records_rejects(claw_world: World, tmp_path: Path
         report = synthesize(model, claw_world, tmp_path, n=1, examples=examples, max_attempts=10)
     assert report.accepted == ["c3-good"] and report.attempts == 7 and report.rejected == 6
     kept = load_tasks(tmp_path)
-    assert [s.id for s in kept] == ["c3-good"] and kept[0].rubric == TODO_SPEC.rubric
+    assert [s.id for s in kept] == ["c3-good"] and kept[0].rubric == CHORES_SPEC.rubric
     rejects = [json.loads(line) for line in (tmp_path / "rejects.jsonl").read_text().splitlines()]
     reasons = [r["reason"] for r in rejects]
     assert reasons[0] == "no JSON object in the reply"
