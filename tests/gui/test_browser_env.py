@@ -45,6 +45,11 @@ div, button, input, a { position: absolute }
 <div id="hov" tabindex="0">hover me</div>
 <button id="later">later</button>
 <div id="track"><div id="handle"></div></div>
+<label for="email" style="position: absolute; left: 800px; top: 500px">Email address</label>
+<input id="email" type="email" style="left: 950px; top: 500px">
+<label for="size" style="position: absolute; left: 800px; top: 560px">Size</label>
+<select id="size" style="position: absolute; left: 950px; top: 560px">
+<option>Small</option><option selected>Medium</option><option>Large</option></select>
 <script>
 window.events = [];
 const b = document.getElementById('btn');
@@ -339,6 +344,9 @@ def test_set_of_mark_and_axtree(env: BrowserEnv) -> None:
         by_name = {m.name: m for m in obs.marks}
         assert {"press me", "next page", "popup", "later", "hover me"} <= set(by_name)
         assert by_name["press me"].role == "button"
+        # form controls are named by their <label>, never by their contents
+        assert by_name["Email address"].role == "input:email"
+        assert by_name["Size"].role == "select" and "Small Medium Large" not in by_name
         x, y, w, h = by_name["press me"].box  # 100,100 200x60 px on a 1280x1000 viewport
         assert (x, y, w, h) == (78, 100, 156, 60)
         assert 'button "press me"' in (obs.axtree or "")

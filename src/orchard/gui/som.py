@@ -37,8 +37,17 @@ MARKS_JS = """
     const tag = el.tagName.toLowerCase();
     const role = el.getAttribute('role')
       || (tag === 'input' ? 'input:' + (el.type || 'text') : tag);
-    const name = (el.getAttribute('aria-label') || el.innerText || el.getAttribute('placeholder')
-      || el.value || el.getAttribute('title') || el.getAttribute('alt') || '')
+    // The accessible name, roughly as a screen reader finds it: a form control is named by
+    // its <label>, not by its contents (a <select>'s innerText is every option at once).
+    const by = (el.getAttribute('aria-labelledby') || '').split(/\\s+/)[0];
+    const ref = by ? document.getElementById(by) : null;
+    const control = tag === 'input' || tag === 'select' || tag === 'textarea';
+    const label = el.labels && el.labels.length ? el.labels[0].innerText : '';
+    const chosen = tag === 'select' && el.selectedOptions.length ? el.selectedOptions[0].text : '';
+    const name = (el.getAttribute('aria-label') || (ref ? ref.innerText : '') || label
+      || (control ? '' : el.innerText) || el.getAttribute('placeholder')
+      || (tag === 'input' ? el.value : chosen) || el.getAttribute('title')
+      || el.getAttribute('alt') || '')
       .replace(/\\s+/g, ' ').trim().slice(0, 80);
     const x0 = Math.max(r.left, 0), y0 = Math.max(r.top, 0);
     out.push({role, name, x: x0, y: y0, w: Math.min(r.right, vw) - x0,
