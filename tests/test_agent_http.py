@@ -26,6 +26,7 @@ import pytest
 from orchard.env.agent_http import AgentHTTP, Reply, remove_dot_segments
 from orchard.env.errors import AgentUnavailable
 from tests.conftest import HostAgent
+from tests.servers import wait_listening
 
 pytestmark = pytest.mark.anyio
 JSON = [("Content-Type", "application/json")]
@@ -37,15 +38,7 @@ def start_agent(binary: Path, sock: Path, token: str) -> subprocess.Popen[bytes]
     proc = subprocess.Popen(
         [str(binary), "--socket", str(sock), "--spill-dir", str(spill)], env=env
     )
-    deadline = time.monotonic() + 10
-    while True:
-        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
-            s.connect(str(sock))
-            return proc
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the agent did not listen on {sock}")
-        time.sleep(0.005)
+    return wait_listening(proc, sock, "the agent", 10, 0.005)
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:

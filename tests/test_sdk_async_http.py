@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +21,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from orchard import AsyncOrchard, Orchard
 from orchard.env import _sdk_core as core
@@ -31,28 +29,12 @@ from orchard.env._sdk_core import RetryPolicy
 from orchard.env.api import create_app
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import Unavailable
+from tests.servers import serve_uvicorn
 from tests.test_sdk_http import OK, ScriptedPeer, call, make_app
 
 TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 KINDS = ["tcp", "uds"]
 pytestmark = pytest.mark.anyio
-
-
-def _serve(app: Any, sockets: list[socket.socket], **config: Any) -> Iterator[uvicorn.Server]:
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **config))
-    thread = threading.Thread(
-        target=lambda: asyncio.run(server.serve(sockets=sockets)), daemon=True
-    )
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield server
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
 
 
 def _tcp() -> socket.socket:
@@ -77,7 +59,7 @@ def targets(
     unix.listen(128)
     tcp = _tcp()
     host, port = tcp.getsockname()
-    server = contextlib.contextmanager(_serve)(app, [unix, tcp], timeout_keep_alive=1)
+    server = serve_uvicorn(app, [unix, tcp], timeout_keep_alive=1)
     with server:
         app.state.delete_on_close = True
         yield {
@@ -268,7 +250,7 @@ async def test_https_with_a_trusted_certificate(
     tcp = _tcp()
     port = tcp.getsockname()[1]
     tls = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
-    with contextlib.contextmanager(_serve)(make_app([]), [tcp], **tls):
+    with serve_uvicorn(make_app([]), [tcp], **tls):
         target = core.Target(f"https://localhost:{port}", api_key="k")
         lean = async_lean_transport(target, core.auth_headers(target))
         assert lean is not None and lean.tls is not None

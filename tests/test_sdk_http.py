@@ -13,7 +13,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -28,6 +28,7 @@ from orchard.env import _sdk_core as core
 from orchard.env._sdk_http import LeanHTTP, lean_transport
 from orchard.env.errors import Unavailable
 from orchard.env.sdk import Orchard
+from tests.servers import serve_uvicorn
 
 TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 
@@ -65,22 +66,10 @@ def make_app(calls: list[str]) -> Starlette:
     )
 
 
-@contextlib.contextmanager
-def uvicorn_on(sock: Path, app: Starlette, keep_alive_s: int = 5) -> Iterator[uvicorn.Server]:
-    server = uvicorn.Server(
-        uvicorn.Config(app, uds=str(sock), log_level="warning", timeout_keep_alive=keep_alive_s)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield server
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
+def uvicorn_on(
+    sock: Path, app: Starlette, keep_alive_s: int = 5
+) -> contextlib.AbstractContextManager[uvicorn.Server]:
+    return serve_uvicorn(app, uds=str(sock), timeout_keep_alive=keep_alive_s)
 
 
 def call(method: str, path: str, **kw: object) -> core.Call[httpx.Response]:

@@ -17,10 +17,8 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import pytest
 
 from orchard.env.sdk import Orchard
 from tests.backends.backend_harness import Harness
+from tests.servers import wait_listening
 
 N = 20
 NETWORKED = 4
@@ -43,15 +42,7 @@ def _serve(state: Path, sock: Path, agent_binary: Path) -> subprocess.Popen[byte
     env.pop("ORCHARD_API_KEYS", None)
     cmd = [sys.executable, "-m", "orchard.cli", "serve", "--backend", "local", "--uds", str(sock)]
     proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env)
-    deadline = time.monotonic() + 60
-    while True:
-        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
-            s.connect(str(sock))
-            return proc
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"orchard serve --backend local did not start (exit {proc.poll()})")
-        time.sleep(0.05)
+    return wait_listening(proc, sock, "orchard serve --backend local", 60, 0.05)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
