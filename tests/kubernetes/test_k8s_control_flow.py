@@ -83,20 +83,23 @@ async def test_create_watch_to_running_get_list_delete(tmp_path: Path) -> None:
 async def test_expiry_and_network_change_at_run_time(tmp_path: Path) -> None:
     async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
         backend = make()
-        allow = NetworkPolicy(egress="allow", allow=["10.9.0.0/16", "192.0.2.7"])
+        allow = NetworkPolicy(egress="allow", allow=["198.51.100.0/24", "192.0.2.7"])
         await backend.create(spec("sb-net", network=allow))
         npol = api.items("networkpolicies", NS)["orchard-sb-net"]
         pod = api.pods(NS)["orchard-sb-net"]
         assert npol["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
         blocks = [p["ipBlock"]["cidr"] for p in npol["spec"]["egress"][0]["to"]]
-        assert blocks == ["10.9.0.0/16", "192.0.2.7/32"]
+        assert blocks == ["198.51.100.0/24", "192.0.2.7/32"]
 
         rec = await backend.set_network("sb-net", NetworkPolicy(egress="all"))
         assert rec.network.egress == "all"
         npol = api.items("networkpolicies", NS)["orchard-sb-net"]
+        never = [str(n) for n in objs.never_reached(backend.opts)]
         assert npol["spec"]["egress"] == [
-            {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(objs.METADATA_CIDRS)}}]}
+            {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": never}}]}
         ]
+        # `all` never reaches private ranges (the cluster) nor the metadata service.
+        assert {"10.0.0.0/8", "169.254.0.0/16", "192.168.0.0/16"} <= set(never)
         rec = await backend.set_network("sb-net", NetworkPolicy())
         assert rec.network.egress == "none" and "orchard-sb-net" not in api.items(
             "networkpolicies", NS
@@ -115,11 +118,11 @@ async def test_expiry_and_network_change_at_run_time(tmp_path: Path) -> None:
 async def test_cilium_is_detected_and_gets_fqdn_rules(tmp_path: Path) -> None:
     async with fake_cluster(tmp_path, kubelet=instant_kubelet, cilium=True) as (api, make):
         backend = make(cilium="auto")
-        policy = NetworkPolicy(egress="allow", allow=["pypi.org", "10.1.2.0/24"])
+        policy = NetworkPolicy(egress="allow", allow=["pypi.org", "198.51.100.0/24"])
         await backend.create(spec("sb-cil", network=policy))
         cnp = api.items("ciliumnetworkpolicies", NS)["orchard-sb-cil"]
         assert {"toFQDNs": [{"matchName": "pypi.org"}]} in cnp["spec"]["egress"]
-        assert {"toCIDR": ["10.1.2.0/24"]} in cnp["spec"]["egress"]
+        assert {"toCIDRSet": [{"cidr": "198.51.100.0/24"}]} in cnp["spec"]["egress"]
         assert "orchard-sb-cil" not in api.items("networkpolicies", NS)
         await backend.delete("sb-cil")
         assert api.items("ciliumnetworkpolicies", NS) == {}

@@ -13,8 +13,9 @@ import ipaddress
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from ipaddress import IPv4Network
 from typing import Any, Literal
 
 from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
@@ -47,6 +48,12 @@ MAIN_CONTAINER = "sandbox"
 INIT_CONTAINER = "orchard-agent"
 # Cloud metadata endpoints: link-local (AWS, GCP, Azure, OpenStack) and Alibaba's.
 METADATA_CIDRS = ("169.254.0.0/16", "100.100.100.200/32")
+# What egress `all` and allow-lists never reach unless told otherwise: private ranges, where
+# a cluster's pods, services, nodes and API server live (and other tenants' sandboxes).
+# Policies are evaluated after a Service's DNAT, so blocking pod and node addresses blocks
+# the Services in front of them too. A cluster on public or documentation addresses names
+# its own ranges in ORCHARD_K8S_BLOCKED_CIDRS.
+DEFAULT_BLOCKED_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
 # Pod reasons that mean the image will never start; reported instead of waiting.
 IMAGE_MISSING = ("ErrImageNeverPull", "InvalidImageName")
 IMAGE_PULL = ("ErrImagePull", "ImagePullBackOff", "RegistryUnavailable")
@@ -83,6 +90,8 @@ class KubernetesOptions:
     )
     # Extra peers allowed to reach the agents, for a service running outside the cluster.
     agent_ingress_cidrs: list[str] = field(default_factory=list)
+    # Never reachable by a sandbox's egress (with the metadata addresses), whatever it allows.
+    blocked_cidrs: list[str] = field(default_factory=lambda: list(DEFAULT_BLOCKED_CIDRS))
     runtime_class: str | None = None
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
@@ -108,6 +117,11 @@ class KubernetesOptions:
             raise ValueError(f"ephemeral storage {self.ephemeral_storage!r} is not a quantity")
         if not 0 < self.agent_port < 65536:
             raise ValueError(f"agent port {self.agent_port} is out of range")
+        for cidr in self.blocked_cidrs:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"blocked CIDR {cidr!r} is not a network") from None
         if self.api_concurrency < 1 or self.retries < 0 or self.pending_timeout_s <= 0:
             raise ValueError("api concurrency, retries and pending timeout must be positive")
 
@@ -153,6 +167,10 @@ class KubernetesOptions:
         if env.get("ORCHARD_K8S_AGENT_INGRESS_CIDRS"):
             kw["agent_ingress_cidrs"] = [
                 s.strip() for s in env["ORCHARD_K8S_AGENT_INGRESS_CIDRS"].split(",") if s.strip()
+            ]
+        if env.get("ORCHARD_K8S_BLOCKED_CIDRS"):
+            kw["blocked_cidrs"] = [
+                s.strip() for s in env["ORCHARD_K8S_BLOCKED_CIDRS"].split(",") if s.strip()
             ]
         if env.get("ORCHARD_K8S_IMAGE_PULL_SECRETS"):
             kw["image_pull_secrets"] = [
@@ -378,13 +396,12 @@ def build_network_policy(
     if policy.egress == "none":
         return None
     if policy.egress == "all":
-        egress: list[dict[str, Any]] = [
-            {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(METADATA_CIDRS)}}]}
-        ]
+        egress: list[dict[str, Any]] = [{"to": ip_blocks(["0.0.0.0/0"], opts)}]
     else:
         egress = []
-        if allow.cidrs:
-            egress.append({"to": [{"ipBlock": {"cidr": c}} for c in allow.cidrs]})
+        blocks = ip_blocks(allow.cidrs, opts)
+        if blocks:
+            egress.append({"to": blocks})
         if allow.names:
             egress.append({"to": [_dns_peer(opts)], "ports": _DNS_PORTS})
     return {
@@ -399,6 +416,27 @@ def build_network_policy(
     }
 
 
+def never_reached(opts: KubernetesOptions) -> list[IPv4Network]:
+    """The blocked and metadata ranges, merged."""
+    nets = [ipaddress.ip_network(c, strict=False) for c in (*METADATA_CIDRS, *opts.blocked_cidrs)]
+    return list(ipaddress.collapse_addresses(n for n in nets if isinstance(n, IPv4Network)))
+
+
+def ip_blocks(cidrs: Sequence[str], opts: KubernetesOptions) -> list[dict[str, Any]]:
+    """Allowed IPv4 CIDRs as ipBlocks with the never-reached ranges cut out: an entry inside
+    one of them is dropped, one that contains some lists them under `except` (so `allow
+    0.0.0.0/0` is never looser than `all`, and `all` never reaches the cluster)."""
+    blocked = never_reached(opts)
+    out: list[dict[str, Any]] = []
+    for c in cidrs:
+        net = ipaddress.ip_network(c.strip(), strict=False)
+        if not isinstance(net, IPv4Network) or any(net.subnet_of(b) for b in blocked):
+            continue
+        inside = [str(b) for b in blocked if b.subnet_of(net) and b != net]
+        out.append({"ipBlock": {"cidr": str(net), **({"except": inside} if inside else {})}})
+    return out
+
+
 def build_cilium_policy(
     sandbox_id: str,
     policy: NetworkPolicy,
@@ -411,7 +449,7 @@ def build_cilium_policy(
         return None
     if policy.egress == "all":
         egress: list[dict[str, Any]] = [
-            {"toCIDRSet": [{"cidr": "0.0.0.0/0", "except": list(METADATA_CIDRS)}]}
+            {"toCIDRSet": [b["ipBlock"] for b in ip_blocks(["0.0.0.0/0"], opts)]}
         ]
     else:
         cidrs: list[str] = []
@@ -419,8 +457,8 @@ def build_cilium_policy(
         for entry in policy.allow:
             (cidrs if _is_cidr(entry) else names).append(entry.strip())
         egress = []
-        if cidrs:
-            egress.append({"toCIDR": cidrs})
+        if cidrs and (sets := [b["ipBlock"] for b in ip_blocks(cidrs, opts)]):
+            egress.append({"toCIDRSet": sets})
         if names:
             egress.append({"toFQDNs": [{"matchName": n} for n in names]})
             egress.append(
