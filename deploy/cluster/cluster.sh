@@ -187,12 +187,18 @@ wait_for() {  # wait_for WHAT SECONDS CMD...
   die "$what not ready after ${secs}s (logs: $LOGS)"
 }
 
+put() {  # put FILE: stdin into FILE, only when it differs (components watch their files)
+  local tmp="$1.new"
+  cat >"$tmp"
+  if cmp -s "$tmp" "$1"; then rm -f "$tmp"; else mv "$tmp" "$1"; fi
+}
+
 kctl() { "$BIN/kubectl" --kubeconfig "$KCFG/admin.kubeconfig" "$@"; }
 
 write_configs() {
   local node="$1" ip="$2"
   mkdir -p "$STATE/containerd" "$STATE/cni/net.d" "$STATE/cni/ipam" "$STATE/kubelet" "$RUN"
-  cat >"$STATE/containerd/config.toml" <<EOF
+  put "$STATE/containerd/config.toml" <<EOF
 version = 2
 root = "$STATE/containerd/root"
 state = "$RUN/containerd"
@@ -205,6 +211,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
   enable_unprivileged_ports = false
+  # Root may lack CAP_SYS_RESOURCE (as in some VMs): never ask for an oom_score_adj below
+  # containerd's own, which the kernel would refuse (the pause container wants -998).
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -216,7 +225,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "/usr/lib/cni"
     conf_dir = "$STATE/cni/net.d"
 EOF
-  cat >"$STATE/cni/net.d/10-orchard.conflist" <<EOF
+  put "$STATE/cni/net.d/10-orchard.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "orchard-k8s",
@@ -228,7 +237,7 @@ EOF
   ]
 }
 EOF
-  cat >"$STATE/kubelet/config.yaml" <<EOF
+  put "$STATE/kubelet/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
@@ -252,7 +261,7 @@ imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 resolvConf: /etc/resolv.conf
 EOF
-  cat >"$STATE/kube-proxy.yaml" <<EOF
+  put "$STATE/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $KCFG/kube-proxy.kubeconfig}
