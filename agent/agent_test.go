@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/orchard-env/orchard/agent/internal/proc"
 )
 
 const (
@@ -384,7 +386,7 @@ func TestStartupRefusals(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cmd := exec.Command(agentBin, c.args...)
-			cmd.Env = append(scrubbedEnv(os.Environ()), c.env...)
+			cmd.Env = append(proc.ScrubbedEnv(os.Environ()), c.env...)
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != 2 {

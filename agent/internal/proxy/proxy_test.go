@@ -18,11 +18,13 @@ import (
 	"time"
 )
 
-func newAgent(t *testing.T) *httptest.Server {
+func newAgent(t *testing.T, agentPorts ...int) *httptest.Server {
 	t.Helper()
 	mux := http.NewServeMux()
-	Register(mux)
-	srv := httptest.NewServer(mux)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "agent route "+r.URL.Path, http.StatusGone)
+	})
+	srv := httptest.NewServer(Route(mux, agentPorts...))
 	t.Cleanup(srv.Close)
 	return srv
 }
