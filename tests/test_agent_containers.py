@@ -269,6 +269,16 @@ async def test_port_proxy_to_a_server_in_the_container(container: Container) -> 
             await agent.delete_process(server.id)
 
 
+async def test_port_proxy_refuses_dot_segments(container: Container) -> None:
+    """Issue 17, hole 6: an escaped `..` in the proxy path never reaches the agent's routes."""
+    async with container.client() as agent:
+        for tail in ["%2e%2e/%2e%2e/exec", "%2E./exec", "..%2fexec"]:
+            path = f"/proxy/8000/{tail}"
+            resp = await agent.forward("POST", path, content=b'{"cmd": "id"}')
+            assert resp.status_code == 400, (path, resp.text)
+            assert resp.json()["error"]["code"] == "bad_request"
+
+
 def test_image_entrypoint_and_cmd_run_under_the_agent(
     container: Container, agent_binary: Path
 ) -> None:
