@@ -102,6 +102,8 @@ func TestExecErrors(t *testing.T) {
 		{"program not found", map[string]any{"cmd": []string{"no-such-program-xyz"}}, 422, "exec_failed"},
 		{"path not found", map[string]any{"cmd": []string{"/no/such/program"}}, 422, "exec_failed"},
 		{"missing cwd", map[string]any{"cmd": "true", "cwd": "/no/such/dir"}, 422, "exec_failed"},
+		{"unknown field", map[string]any{"cmd": "true", "timeout": 5}, 400, "bad_request"},
+		{"a process-only field", map[string]any{"cmd": "true", "pty": true}, 400, "bad_request"},
 		{"wrong method", nil, 405, "method_not_allowed"},
 	}
 	for _, c := range cases {
