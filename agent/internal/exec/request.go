@@ -147,11 +147,23 @@ func (h *Handler) buildSpec(req *ExecRequest) (*cmdSpec, error) {
 	return s, nil
 }
 
-// parseExec reads and validates the body of /exec or /exec/stream.
-func (h *Handler) parseExec(r *http.Request) (*cmdSpec, error) {
+// startExec reads and validates the body of /exec or /exec/stream and starts the
+// command, with stdin fed and closed; on failure the error is already answered.
+func (h *Handler) startExec(w http.ResponseWriter, r *http.Request) (*cmdSpec, *proc.Child, time.Time, bool) {
 	var req ExecRequest
-	if err := api.ReadJSON(r, &req); err != nil {
-		return nil, err
+	err := api.ReadJSON(r, &req)
+	var s *cmdSpec
+	if err == nil {
+		s, err = h.buildSpec(&req)
 	}
-	return h.buildSpec(&req)
+	start := time.Now()
+	var c *proc.Child
+	if err == nil {
+		c, err = h.cfg.Reaper.Spawn(&s.Spec, false, nil)
+	}
+	if err != nil {
+		api.WriteError(w, err)
+		return nil, nil, start, false
+	}
+	return s, c, start, true
 }

@@ -25,15 +25,8 @@ type ExecResult struct {
 
 // handleExec runs a command to completion: POST /exec.
 func (h *Handler) handleExec(w http.ResponseWriter, r *http.Request) {
-	s, err := h.parseExec(r)
-	if err != nil {
-		api.WriteError(w, err)
-		return
-	}
-	start := time.Now()
-	c, err := h.cfg.Reaper.Spawn(&s.Spec, false, nil)
-	if err != nil {
-		api.WriteError(w, err)
+	s, c, start, ok := h.startExec(w, r)
+	if !ok {
 		return
 	}
 	out := proc.NewCapture(s.limit, h.cfg.Spill, "stdout")

@@ -7,7 +7,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/orchard-env/orchard/agent/internal/api"
 	"github.com/orchard-env/orchard/agent/internal/proc"
 )
 
@@ -103,15 +102,8 @@ type streamChunk struct {
 
 // handleExecStream runs a command and streams its output: POST /exec/stream.
 func (h *Handler) handleExecStream(w http.ResponseWriter, r *http.Request) {
-	s, err := h.parseExec(r)
-	if err != nil {
-		api.WriteError(w, err)
-		return
-	}
-	start := time.Now()
-	c, err := h.cfg.Reaper.Spawn(&s.Spec, false, nil)
-	if err != nil {
-		api.WriteError(w, err)
+	s, c, start, ok := h.startExec(w, r)
+	if !ok {
 		return
 	}
 	out := newNDJSON(w)

@@ -7,20 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-)
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+	"github.com/orchard-env/orchard/agent/internal/testutil"
+)
 
 func TestCapture(t *testing.T) {
 	full := []byte("0123456789abcdefghijklmnopqrstuvwxyz")
@@ -191,10 +180,10 @@ func TestPumpDrained(t *testing.T) {
 
 	release := make(chan struct{})
 	p := StartPump(r, false, func([]byte) { <-release }) // a sink that is slow to take the chunk
-	eventually(t, "pump took the chunk", func() bool { return p.busy.Load() })
+	testutil.Eventually(t, "pump took the chunk", func() bool { return p.busy.Load() })
 	if p.drained() {
 		t.Fatal("chunk in the pump's hands reported as drained")
 	}
 	close(release)
-	eventually(t, "pump handed the chunk on", func() bool { return p.drained() })
+	testutil.Eventually(t, "pump handed the chunk on", func() bool { return p.drained() })
 }
