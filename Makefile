@@ -26,12 +26,12 @@ src/orchard/bin/orchard-agent: $(AGENT_BIN)
 	@mkdir -p src/orchard/bin
 	cp $(AGENT_BIN) $@
 
-lint:  ## ruff, mypy --strict, gofmt, go vet
+lint:  ## ruff, mypy --strict, gofmt, go vet (linux and darwin)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
 	@out=$$(gofmt -l agent deploy/kubernetes/images/injector); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
-	cd agent && go vet ./...
+	cd agent && go vet ./... && GOOS=darwin go vet ./... && GOOS=darwin go build -o /dev/null ./...
 	cd deploy/kubernetes/images/injector && go vet ./...
 
 test-go:

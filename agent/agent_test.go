@@ -18,6 +18,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/orchard-env/orchard/agent/internal/proc"
+	"github.com/orchard-env/orchard/agent/internal/testutil"
 )
 
 const (
@@ -243,16 +246,7 @@ func nextEvent(t *testing.T, sc *bufio.Scanner) event {
 }
 
 // eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+var eventually = testutil.Eventually
 
 // procGone is true when pid no longer exists, not even as a zombie.
 func procGone(pid int) bool {
@@ -384,7 +378,7 @@ func TestStartupRefusals(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cmd := exec.Command(agentBin, c.args...)
-			cmd.Env = append(scrubbedEnv(os.Environ()), c.env...)
+			cmd.Env = append(proc.ScrubbedEnv(os.Environ()), c.env...)
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != 2 {

@@ -102,6 +102,8 @@ func TestExecErrors(t *testing.T) {
 		{"program not found", map[string]any{"cmd": []string{"no-such-program-xyz"}}, 422, "exec_failed"},
 		{"path not found", map[string]any{"cmd": []string{"/no/such/program"}}, 422, "exec_failed"},
 		{"missing cwd", map[string]any{"cmd": "true", "cwd": "/no/such/dir"}, 422, "exec_failed"},
+		{"unknown field", map[string]any{"cmd": "true", "timeout": 5}, 400, "bad_request"},
+		{"a process-only field", map[string]any{"cmd": "true", "pty": true}, 400, "bad_request"},
 		{"wrong method", nil, 405, "method_not_allowed"},
 	}
 	for _, c := range cases {
@@ -363,4 +365,41 @@ func TestExecClientDisconnectKillsCommand(t *testing.T) {
 	resp.Body.Close()
 	a.client.CloseIdleConnections()
 	eventually(t, "command killed after the client left", func() bool { return procGone(pid) })
+}
+
+// Issue 17, hole 11: the spill folder is the agent's own (0700, files 0600), made at
+// start; one a sandbox user linked elsewhere (as `ln -s /etc /tmp/orchard` did) is
+// refused, and the output is reported as not saved rather than written through it.
+func TestSpillFolderIsPrivateAndNeverFollowsLinks(t *testing.T) {
+	a := startAgent(t, agentOpts{})
+	if fi, err := os.Stat(a.spill); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("spill folder made at start with mode 0700: %v %v", fi, err)
+	}
+	var res execResult
+	a.call("POST", "/exec", map[string]any{"cmd": "seq 1 3000", "max_output_bytes": 1024}, 200, &res)
+	if fi, err := os.Lstat(*res.StdoutFile); err != nil || fi.Mode() != 0o600 {
+		t.Fatalf("spill file %s: %v %v", *res.StdoutFile, fi, err)
+	}
+
+	dir := t.TempDir()
+	target := filepath.Join(dir, "etc")
+	if err := os.Mkdir(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(dir, "orchard")); err != nil {
+		t.Fatal(err)
+	}
+	for _, spill := range []string{filepath.Join(dir, "orchard"), filepath.Join(dir, "orchard", "spill")} {
+		b := startAgent(t, agentOpts{args: []string{"--spill-dir", spill}})
+		b.call("POST", "/exec", map[string]any{"cmd": "seq 1 3000", "max_output_bytes": 1024}, 200, &res)
+		if !res.StdoutTruncated || res.StdoutFile != nil || !strings.Contains(res.Stdout, "full output not saved: spill folder") {
+			t.Fatalf("%s: %+v", spill, res)
+		}
+		if names, _ := filepath.Glob(filepath.Join(target, "*")); len(names) != 0 {
+			t.Fatalf("%s: written through the link: %v", spill, names)
+		}
+		if !strings.Contains(b.log(), "spill folder") {
+			t.Fatalf("no warning at start: %s", b.log())
+		}
+	}
 }

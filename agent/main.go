@@ -23,7 +23,9 @@ import (
 	"time"
 
 	"github.com/orchard-env/orchard/agent/internal/api"
+	execapi "github.com/orchard-env/orchard/agent/internal/exec"
 	"github.com/orchard-env/orchard/agent/internal/files"
+	"github.com/orchard-env/orchard/agent/internal/proc"
 	"github.com/orchard-env/orchard/agent/internal/proxy"
 )
 
@@ -65,7 +67,7 @@ func loadConfig(args []string, getenv func(string) string) (*config, error) {
 		return nil, errors.New("nothing to listen on: give --listen and/or --socket")
 	}
 	if cfg.spillDir == "" {
-		cfg.spillDir = "/tmp/orchard"
+		cfg.spillDir = proc.DefaultSpillDir
 	}
 	cfg.maxOutput = defaultMaxOutput
 	if maxOutput != "" {
@@ -92,36 +94,34 @@ func loadConfig(args []string, getenv func(string) string) (*config, error) {
 
 // agent is the state shared by the handlers.
 type agent struct {
-	reaper    *reaper
-	spillDir  string
-	maxOutput int
-	user      string // default for requests that name none
-	baseEnv   []string
-	started   time.Time
-	procs     procTable
+	spill   *proc.SpillDir
+	baseEnv []string
+	started time.Time
+	exec    *execapi.Handler
 }
 
-func newAgent(cfg *config, r *reaper) *agent {
-	return &agent{
-		reaper: r, spillDir: cfg.spillDir, maxOutput: cfg.maxOutput, user: cfg.user,
-		baseEnv: scrubbedEnv(os.Environ()), started: time.Now(),
-		procs: procTable{procs: map[string]*proc{}},
+func newAgent(cfg *config, r *proc.Reaper) *agent {
+	a := &agent{
+		spill: proc.NewSpillDir(cfg.spillDir), baseEnv: proc.ScrubbedEnv(os.Environ()), started: time.Now(),
 	}
+	a.exec = execapi.New(execapi.Config{
+		Reaper: r, Spill: a.spill, MaxOutput: cfg.maxOutput, User: cfg.user, BaseEnv: a.baseEnv,
+	})
+	return a
 }
 
-func (a *agent) routes() *http.ServeMux {
+// routes wires the handlers; agentPorts are the agent's own TCP ports.
+func (a *agent) routes(agentPorts ...int) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", a.handleHealth)
-	mux.HandleFunc("/exec", a.handleExec)
-	mux.HandleFunc("/exec/stream", a.handleExecStream)
-	mux.HandleFunc("/processes", a.handleProcesses)
-	mux.HandleFunc("/processes/", a.handleProcess)
+	a.exec.Register(mux)
 	files.Register(mux)
-	proxy.Register(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, api.NotFound("no route %s", r.URL.Path))
 	})
-	return mux
+	// The port proxy sees its path before the mux cleans it: a dot segment must be
+	// refused there, never resolved into one of the agent's own routes.
+	return proxy.Route(mux, agentPorts...)
 }
 
 func (a *agent) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -175,41 +175,6 @@ func listenUnix(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// startEntrypoint runs the image's own entrypoint+cmd as a supervised child
-// with the agent's stdio; its exit is logged, the sandbox stays up.
-func (a *agent) startEntrypoint(argv []string) error {
-	path, err := lookPath(argv[0], a.baseEnv, "")
-	if err != nil {
-		return err
-	}
-	env, sys := a.baseEnv, &syscall.SysProcAttr{Setpgid: true}
-	if a.user != "" {
-		cred, userEnv, err := resolveUser(a.user)
-		if err != nil {
-			return err
-		}
-		sys.Credential, env = cred, mergeEnv(env, userEnv)
-	}
-	attr := &syscall.ProcAttr{
-		Env:   env,
-		Files: []uintptr{os.Stdin.Fd(), os.Stdout.Fd(), os.Stderr.Fd()},
-		Sys:   sys,
-	}
-	pid, exit, err := a.reaper.start(path, argv, attr)
-	if err != nil {
-		return err
-	}
-	go func() {
-		code, sig := exitInfo(<-exit)
-		if sig != nil {
-			log.Printf("entrypoint (pid %d) killed by %s", pid, *sig)
-		} else {
-			log.Printf("entrypoint (pid %d) exited with %d", pid, code)
-		}
-	}()
-	return nil
-}
-
 func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
@@ -221,7 +186,7 @@ func run(args []string) int {
 	// Caught (not ignored, which children would inherit): a closed stdout
 	// then yields EPIPE instead of killing the sandbox's PID 1.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	catchInheritedIgnores()
+	proc.CatchInheritedIgnores()
 	cfg, err := loadConfig(args, os.Getenv)
 	if err != nil {
 		log.Print(err)
@@ -233,11 +198,17 @@ func run(args []string) int {
 		}
 	}
 	if os.Getpid() != 1 {
-		becomeSubreaper()
+		proc.BecomeSubreaper()
 	}
-	a := newAgent(cfg, newReaper(true))
+	r := proc.NewReaper(true)
+	a := newAgent(cfg, r)
+	// Made now, before any command runs, so no sandbox user can prepare the path first.
+	if err := a.spill.Prepare(); err != nil {
+		log.Printf("spill folder: %v (truncated outputs will not be saved)", err)
+	}
 
 	var listeners []net.Listener
+	var tcpPorts []int
 	if cfg.socket != "" {
 		l, err := listenUnix(cfg.socket)
 		if err != nil {
@@ -253,9 +224,10 @@ func run(args []string) int {
 			return 1
 		}
 		listeners = append(listeners, l)
+		tcpPorts = append(tcpPorts, l.Addr().(*net.TCPAddr).Port)
 	}
 	srv := &http.Server{
-		Handler:           requireToken(cfg.token, a.routes()),
+		Handler:           requireToken(cfg.token, a.routes(tcpPorts...)),
 		ReadHeaderTimeout: 30 * time.Second,
 		ErrorLog:          log.New(io.Discard, "", 0),
 	}
@@ -263,7 +235,7 @@ func run(args []string) int {
 		go func(l net.Listener) { _ = srv.Serve(l) }(l)
 	}
 	if len(cfg.entry) > 0 {
-		if err := a.startEntrypoint(cfg.entry); err != nil {
+		if err := r.StartEntrypoint(cfg.entry, a.baseEnv, cfg.user); err != nil {
 			log.Printf("entrypoint %q not started: %v", cfg.entry[0], err)
 		}
 	}
@@ -272,7 +244,7 @@ func run(args []string) int {
 	log.Printf("%v: stopping children", sig)
 	stopped := make(chan struct{})
 	go func() {
-		a.reaper.shutdown(sig.(syscall.Signal), shutdownGrace)
+		r.Shutdown(sig.(syscall.Signal), shutdownGrace)
 		close(stopped)
 	}()
 	// Shutdown lets open streams finish (they end as their processes exit);

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/orchard-env/orchard/agent/internal/proc"
 )
 
 func (a *testAgent) startProc(req map[string]any) procInfo {
@@ -220,7 +222,7 @@ func TestProcessTimeout(t *testing.T) {
 
 func TestProcessOutputSpillsToDisk(t *testing.T) {
 	a := startAgent(t, agentOpts{})
-	data := make([]byte, procOutputLimit+(1<<20)+123)
+	data := make([]byte, proc.OutputLimit+(1<<20)+123)
 	if _, err := rand.Read(data); err != nil {
 		t.Fatal(err)
 	}

@@ -149,6 +149,29 @@ async def test_exec_shell_argv_user_timeout(container: Container) -> None:
         assert "sleep" not in left.stdout
 
 
+async def test_spill_files_never_follow_a_sandbox_users_links(container: Container) -> None:
+    """Issue 17, hole 11: as nobody, `ln -s /etc /tmp/orchard` (the old spill folder); a
+    root exec whose output is truncated must not write into /etc."""
+    async with container.client() as agent:
+        await agent.exec("mkdir -p /tmp && chmod 1777 /tmp")
+        planted = await agent.exec(
+            "ln -s /etc /tmp/orchard && ln -s /etc /.orchard/spill", user="nobody"
+        )
+        assert planted.exit_code != 0  # the first link is made; the agent's folder is not
+        assert (await agent.exec("readlink /tmp/orchard")).stdout == "/etc\n"
+        before = (await agent.exec("ls -a /etc")).stdout
+        r = await agent.exec("seq 1 5000", max_output_bytes=1024)
+        assert r.stdout_truncated and r.stdout_file
+        assert r.stdout_file.startswith("/.orchard/spill/exec-")
+        assert (await agent.exec("ls -a /etc")).stdout == before
+        folder = await agent.exec("stat -c '%a %u' /.orchard/spill " + r.stdout_file)
+        assert folder.stdout.split("\n")[:2] == ["700 0", "600 0"]
+        assert (await agent.exec(["cat", r.stdout_file], user="nobody")).exit_code != 0
+        full = (await agent.read_file(r.stdout_file)).decode()
+        assert full == "".join(f"{i}\n" for i in range(1, 5001))
+        await agent.exec(["rm", "-f", "/tmp/orchard", r.stdout_file])
+
+
 async def test_streaming_exec(container: Container) -> None:
     async with container.client() as agent:
         events = [e async for e in agent.exec_stream("for i in 1 2 3; do echo $i; sleep 0.1; done")]
@@ -244,6 +267,16 @@ async def test_port_proxy_to_a_server_in_the_container(container: Container) -> 
             assert missing.status_code == 404
         finally:
             await agent.delete_process(server.id)
+
+
+async def test_port_proxy_refuses_dot_segments(container: Container) -> None:
+    """Issue 17, hole 6: an escaped `..` in the proxy path never reaches the agent's routes."""
+    async with container.client() as agent:
+        for tail in ["%2e%2e/%2e%2e/exec", "%2E./exec", "..%2fexec"]:
+            path = f"/proxy/8000/{tail}"
+            resp = await agent.forward("POST", path, content=b'{"cmd": "id"}')
+            assert resp.status_code == 400, (path, resp.text)
+            assert resp.json()["error"]["code"] == "bad_request"
 
 
 def test_image_entrypoint_and_cmd_run_under_the_agent(

@@ -41,13 +41,23 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// ErrorResponse is every error's body (ErrorResponse and ErrorBody in models.py).
+type ErrorResponse struct {
+	Error ErrorBody `json:"error"`
+}
+
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
 // WriteError writes err as {"error": {"code", "message"}}; non-API errors become 500 internal.
 func WriteError(w http.ResponseWriter, err error) {
 	var ae *Error
 	if !errors.As(err, &ae) {
 		ae = Errf(http.StatusInternalServerError, "internal", "%v", err)
 	}
-	WriteJSON(w, ae.Status, map[string]any{"error": map[string]string{"code": ae.Code, "message": ae.Message}})
+	WriteJSON(w, ae.Status, ErrorResponse{ErrorBody{Code: ae.Code, Message: ae.Message}})
 }
 
 // MaxJSONBody bounds request bodies decoded as JSON (commands, small file ops).

@@ -397,7 +397,7 @@ func TestStatAndList(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("list: %d %s", code, body)
 	}
-	var l listing
+	var l Listing
 	mustJSON(t, body, &l)
 	var names []string
 	for _, e := range l.Entries {
@@ -453,7 +453,7 @@ func TestStatAndList(t *testing.T) {
 	link := filepath.Join(t.TempDir(), "l")
 	must(t, os.Symlink(dir, link))
 	code, body = c.do("GET", "/files/list", url.Values{"path": {link}}, nil)
-	var viaLink listing
+	var viaLink Listing
 	mustJSON(t, body, &viaLink)
 	if code != 200 || len(viaLink.Entries) != len(want) || viaLink.Entries[1].Path != filepath.Join(link, "a-dir") {
 		t.Fatalf("list via symlink: %d %s", code, body)

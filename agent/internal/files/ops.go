@@ -27,7 +27,8 @@ func handleStat(w http.ResponseWriter, r *http.Request) {
 	api.WriteJSON(w, http.StatusOK, st)
 }
 
-type listing struct {
+// Listing is the answer of GET /files/list (FileList in models.py).
+type Listing struct {
 	Path    string `json:"path"`
 	Entries []Stat `json:"entries"`
 }
@@ -52,7 +53,7 @@ func handleList(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, fsError(err))
 		return
 	}
-	out := listing{Path: p, Entries: make([]Stat, 0, len(des))}
+	out := Listing{Path: p, Entries: make([]Stat, 0, len(des))}
 	for _, de := range des {
 		info, err := de.Info()
 		if err != nil {
@@ -63,14 +64,16 @@ func handleList(w http.ResponseWriter, r *http.Request) {
 	api.WriteJSON(w, http.StatusOK, out)
 }
 
-type mkdirRequest struct {
+// MkdirRequest, RemoveRequest and MoveRequest are the bodies of the file operations
+// (the same names in models.py).
+type MkdirRequest struct {
 	Path    string  `json:"path"`
 	Mode    *uint32 `json:"mode"`
 	Parents *bool   `json:"parents"`
 }
 
 func handleMkdir(w http.ResponseWriter, r *http.Request) {
-	var req mkdirRequest
+	var req MkdirRequest
 	if err := api.ReadJSON(r, &req); err != nil {
 		api.WriteError(w, err)
 		return
@@ -134,13 +137,13 @@ func mkdir(p string, mode uint32, parents bool) (int, error) {
 	return http.StatusCreated, nil
 }
 
-type removeRequest struct {
+type RemoveRequest struct {
 	Path      string `json:"path"`
 	Recursive bool   `json:"recursive"`
 }
 
 func handleRemove(w http.ResponseWriter, r *http.Request) {
-	var req removeRequest
+	var req RemoveRequest
 	if err := api.ReadJSON(r, &req); err != nil {
 		api.WriteError(w, err)
 		return
@@ -174,14 +177,14 @@ func handleRemove(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-type moveRequest struct {
+type MoveRequest struct {
 	Src       string `json:"src"`
 	Dst       string `json:"dst"`
 	Overwrite bool   `json:"overwrite"`
 }
 
 func handleMove(w http.ResponseWriter, r *http.Request) {
-	var req moveRequest
+	var req MoveRequest
 	if err := api.ReadJSON(r, &req); err != nil {
 		api.WriteError(w, err)
 		return

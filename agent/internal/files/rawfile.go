@@ -4,7 +4,6 @@ import (
 	"os"
 	"syscall"
 	"time"
-	"unsafe"
 )
 
 // rawFile is a file written with plain system calls. Tar uploads create thousands of
@@ -51,9 +50,7 @@ func (f *rawFile) finish(mode uint32, mtime time.Time) error {
 		return &os.PathError{Op: "chmod", Path: f.path, Err: err}
 	}
 	if !mtime.IsZero() {
-		ts := [2]syscall.Timespec{syscall.NsecToTimespec(mtime.UnixNano()), syscall.NsecToTimespec(mtime.UnixNano())}
-		// utimensat(fd, NULL, ...) is futimens: the open file, no second path lookup.
-		_, _, _ = syscall.Syscall6(syscall.SYS_UTIMENSAT, uintptr(f.fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+		f.setMtime(mtime)
 	}
 	if err := syscall.Close(f.fd); err != nil {
 		return &os.PathError{Op: "close", Path: f.path, Err: err}

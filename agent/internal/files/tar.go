@@ -20,7 +20,8 @@ import (
 	"github.com/orchard-env/orchard/agent/internal/api"
 )
 
-type tarResult struct {
+// TarResult is the answer of PUT /files/tar (TarResult in models.py).
+type TarResult struct {
 	Files int64 `json:"files"`
 	Bytes int64 `json:"bytes"`
 }
@@ -31,12 +32,17 @@ func handleTarUpload(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, err)
 		return
 	}
+	limits, err := uploadLimits(r)
+	if err != nil {
+		api.WriteError(w, err)
+		return
+	}
 	in, err := decompress(bufio.NewReaderSize(r.Body, 64<<10))
 	if err != nil {
 		api.WriteError(w, err)
 		return
 	}
-	res, err := extract(root, in)
+	res, err := extract(root, in, limits)
 	if err != nil {
 		api.WriteError(w, err)
 		return
@@ -71,8 +77,10 @@ func decompress(br *bufio.Reader) (io.Reader, error) {
 type extractor struct {
 	root     string
 	rootReal string
+	limits   tarLimits
+	entries  int64         // every entry read, folders and skipped ones too
 	dirs     []*tar.Header // modes and mtimes applied at the end
-	res      tarResult
+	res      TarResult
 	// Folders already resolved (relative name -> real path), so 10,000 files in 100
 	// folders cost 100 walks, not 10,000. Emptied whenever an entry could change what
 	// a name leads to (a link, a fifo, anything replaced).
@@ -80,18 +88,18 @@ type extractor struct {
 	buf   []byte // one copy buffer for every file
 }
 
-func extract(root string, in io.Reader) (tarResult, error) {
+func extract(root string, in io.Reader, limits tarLimits) (TarResult, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
-		return tarResult{}, createError(err)
+		return TarResult{}, createError(err)
 	}
 	real, err := filepath.EvalSymlinks(root)
 	if err != nil {
-		return tarResult{}, fsError(err)
+		return TarResult{}, fsError(err)
 	}
 	if fi, err := os.Stat(real); err != nil || !fi.IsDir() {
-		return tarResult{}, api.Conflict("%s is not a directory", root)
+		return TarResult{}, api.Conflict("%s is not a directory", root)
 	}
-	x := &extractor{root: root, rootReal: real, known: map[string]string{}}
+	x := &extractor{root: root, rootReal: real, limits: limits, known: map[string]string{}}
 	tr := tar.NewReader(in)
 	for {
 		hdr, err := tr.Next()
@@ -100,6 +108,9 @@ func extract(root string, in io.Reader) (tarResult, error) {
 		}
 		if err != nil {
 			return x.res, api.BadRequest("invalid tar stream after %d entries: %v", x.res.Files, err)
+		}
+		if x.entries++; x.entries > x.limits.entries {
+			return x.res, tooLarge("the archive has more than %d entries (max_entries)", x.limits.entries)
 		}
 		if err := x.entry(hdr, tr); err != nil {
 			return x.res, err
@@ -308,6 +319,13 @@ func (x *extractor) dir(dst string, h *tar.Header) error {
 }
 
 func (x *extractor) file(dst string, h *tar.Header, r io.Reader) error {
+	// Checked before the file exists, so no partial file is left behind; the copy is
+	// bounded too, should the reader ever yield more than the header said.
+	room := x.limits.bytes - x.res.Bytes
+	if h.Size > room {
+		return tooLarge("entry %q (%d bytes) would take the archive's content past %d bytes (max_bytes)",
+			h.Name, h.Size, x.limits.bytes)
+	}
 	// Most names are new, so create first and clear the way only when something is there.
 	f, err := createExcl(dst, 0o600)
 	if os.IsExist(err) {
@@ -323,8 +341,13 @@ func (x *extractor) file(dst string, h *tar.Header, r io.Reader) error {
 	if x.buf == nil {
 		x.buf = make([]byte, 256<<10)
 	}
-	n, err := io.CopyBuffer(f, r, x.buf)
+	n, err := io.CopyBuffer(f, io.LimitReader(r, room+1), x.buf)
 	x.res.Bytes += n
+	if err == nil && n > room {
+		f.close()
+		_ = os.Remove(dst)
+		return tooLarge("the archive's content exceeds %d bytes (max_bytes)", x.limits.bytes)
+	}
 	if err != nil {
 		f.close()
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrHeader) {

@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
@@ -111,7 +112,7 @@ func TestTarRoundTrip(t *testing.T) {
 			if code != 200 {
 				t.Fatalf("upload: %d %s", code, body)
 			}
-			var res tarResult
+			var res TarResult
 			mustJSON(t, body, &res)
 			if res.Files != 10 || res.Bytes != int64(5000+len("#!/bin/sh\necho hi\n")+len("read only")+len("odd names")+1+4) {
 				t.Fatalf("result %+v", res)
@@ -419,5 +420,138 @@ func TestTarRemembersFoldersSafely(t *testing.T) {
 	}
 	if after := snapshot(t, outside); after != before {
 		t.Fatalf("outside changed:\n%s", after)
+	}
+}
+
+// bombTar streams a gzip tar of files entries of size bytes each, all zeros, made as it
+// is read: a 2 GiB entry compresses to about 2 MB, and only what the server reads is made.
+func bombTar(files int, size int64) io.ReadCloser {
+	pr, pw := io.Pipe()
+	go func() {
+		zw, _ := gzip.NewWriterLevel(pw, gzip.BestSpeed)
+		tw := tar.NewWriter(zw)
+		zeros := make([]byte, 1<<20)
+		err := func() error {
+			for i := 0; i < files; i++ {
+				h := &tar.Header{Name: fmt.Sprintf("d/f%07d", i), Typeflag: tar.TypeReg, Mode: 0o644, Size: size}
+				if err := tw.WriteHeader(h); err != nil {
+					return err
+				}
+				for left := size; left > 0; {
+					n := int64(len(zeros))
+					if left < n {
+						n = left
+					}
+					if _, err := tw.Write(zeros[:n]); err != nil {
+						return err
+					}
+					left -= n
+				}
+			}
+			if err := tw.Close(); err != nil {
+				return err
+			}
+			return zw.Close()
+		}()
+		pw.CloseWithError(err)
+	}()
+	return pr
+}
+
+func (c *client) uploadStream(dir string, body io.Reader, query url.Values, header http.Header) (int, []byte) {
+	c.t.Helper()
+	q := url.Values{"path": {dir}}
+	for k, v := range query {
+		q[k] = v
+	}
+	req, err := http.NewRequest(http.MethodPut, c.base+"/files/tar?"+q.Encode(), body)
+	must(c.t, err)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	must(c.t, err)
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
+}
+
+// written sums the sizes of the regular files under root.
+func written(t *testing.T, root string) (files int, bytes int64) {
+	t.Helper()
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			fi, _ := d.Info()
+			files, bytes = files+1, bytes+fi.Size()
+		}
+		return nil
+	})
+	return files, bytes
+}
+
+// Issue 17, hole 8: what a tar upload writes is bounded (content bytes and entries),
+// whatever its compressed size; past a limit extraction stops with 413
+// upload_too_large and no partial file is left (earlier entries stay, as documented).
+func TestTarUploadLimits(t *testing.T) {
+	c := newClient(t)
+	t.Run("a 2 GiB gzip bomb is refused at the default limit", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "x")
+		start := time.Now()
+		status, body := c.uploadStream(dir, bombTar(1, 2<<30), nil, nil)
+		if status != 413 || errCode(t, body) != "upload_too_large" || !strings.Contains(string(body), "1073741824 bytes (max_bytes)") {
+			t.Fatalf("%d %s", status, body)
+		}
+		if n, size := written(t, dir); n != 0 || size != 0 {
+			t.Fatalf("wrote %d files, %d bytes", n, size)
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("took %v: the bomb was expanded", time.Since(start))
+		}
+	})
+	cases := []struct {
+		name      string
+		files     int
+		size      int64
+		query     url.Values
+		header    http.Header
+		wantFiles int
+		wantMsg   string
+	}{
+		{"many files past max_bytes", 100, 256 << 10, url.Values{"max_bytes": {"2621440"}}, nil, 10, "(max_bytes)"},
+		{"the service's header sets the limit", 100, 256 << 10, nil, http.Header{"X-Orchard-Max-Bytes": {"1048576"}}, 4, "(max_bytes)"},
+		{"the caller may lower, never raise it", 100, 256 << 10, url.Values{"max_bytes": {"1000000000"}},
+			http.Header{"X-Orchard-Max-Bytes": {"524288"}}, 2, "(max_bytes)"},
+		{"too many entries", 50, 0, url.Values{"max_entries": {"20"}}, nil, 20, "more than 20 entries (max_entries)"},
+		{"entries from the header", 50, 0, nil, http.Header{"X-Orchard-Max-Entries": {"10"}}, 10, "(max_entries)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "x")
+			status, body := c.uploadStream(dir, bombTar(tc.files, tc.size), tc.query, tc.header)
+			if status != 413 || errCode(t, body) != "upload_too_large" || !strings.Contains(string(body), tc.wantMsg) {
+				t.Fatalf("%d %s", status, body)
+			}
+			if n, size := written(t, dir); n != tc.wantFiles || size != int64(tc.wantFiles)*tc.size {
+				t.Fatalf("wrote %d files, %d bytes; want %d whole files", n, size, tc.wantFiles)
+			}
+		})
+	}
+	t.Run("within the limits", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "x")
+		status, body := c.uploadStream(dir, bombTar(10, 1000), url.Values{"max_bytes": {"10000"}, "max_entries": {"10"}}, nil)
+		if status != 200 || string(body) != "{\"files\":10,\"bytes\":10000}\n" {
+			t.Fatalf("%d %s", status, body)
+		}
+	})
+	for _, bad := range []struct {
+		query  url.Values
+		header http.Header
+	}{
+		{url.Values{"max_bytes": {"-1"}}, nil}, {url.Values{"max_entries": {"lots"}}, nil},
+		{nil, http.Header{"X-Orchard-Max-Bytes": {"1e9"}}},
+	} {
+		if status, body := c.uploadStream(t.TempDir(), bytes.NewReader(nil), bad.query, bad.header); status != 400 {
+			t.Errorf("%v %v: %d %s", bad.query, bad.header, status, body)
+		}
 	}
 }

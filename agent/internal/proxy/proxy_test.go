@@ -18,11 +18,13 @@ import (
 	"time"
 )
 
-func newAgent(t *testing.T) *httptest.Server {
+func newAgent(t *testing.T, agentPorts ...int) *httptest.Server {
 	t.Helper()
 	mux := http.NewServeMux()
-	Register(mux)
-	srv := httptest.NewServer(mux)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "agent route "+r.URL.Path, http.StatusGone)
+	})
+	srv := httptest.NewServer(Route(mux, agentPorts...))
 	t.Cleanup(srv.Close)
 	return srv
 }
@@ -417,5 +419,76 @@ func TestBodySentApartFromHeaders(t *testing.T) {
 		if err != nil || string(got) != body {
 			t.Fatalf("request %d: read %d bytes, err %v", i, len(got), err)
 		}
+	}
+}
+
+// Issue 17, hole 6: a dot segment in the proxy path, plain or escaped, is refused
+// before anything is resolved; it never reaches one of the agent's own routes (this
+// test's mux answers those with 410) nor the sandbox's server.
+func TestRefusesDotSegments(t *testing.T) {
+	hits := 0
+	port := backend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits++
+		fmt.Fprint(w, r.URL.EscapedPath())
+	}))
+	agent := newAgent(t)
+	p := fmt.Sprintf("/proxy/%d", port)
+	for _, path := range []string{
+		p + "/../../exec", p + "/..", p + "/./x", p + "/a/.", p + "/%2e%2e/%2e%2e/exec",
+		p + "/%2E./exec", p + "/.%2e/exec", p + "/%2e/x", p + "/..%2fexec", p + "/..%2Fexec",
+		p + "/x/..%5c..%5cexec", p + "/%2e%2e%5cexec", "/proxy/../exec", "/proxy/%2e%2e/exec",
+	} {
+		status, body := rawGet(t, agent, path)
+		if status != 400 || !strings.Contains(body, `"bad_request"`) {
+			t.Errorf("%s: %d %s", path, status, body)
+		}
+	}
+	if hits != 0 {
+		t.Fatalf("the sandbox's server saw %d refused requests", hits)
+	}
+	// Dots inside names are fine.
+	for _, path := range []string{"/a..b/...c/.hidden/x%2Fy", "/v1.2/file.tar.gz", "/%2ehidden"} {
+		if status, body := rawGet(t, agent, p+path); status != 200 || body != path {
+			t.Errorf("%s: %d %s", path, status, body)
+		}
+	}
+}
+
+// rawGet sends path exactly as given (no client-side cleaning) and returns the answer.
+func rawGet(t *testing.T, agent *httptest.Server, path string) (int, string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", agent.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n", path)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// The upstream URL is built from the port alone: an absolute-form request naming
+// another host still reaches 127.0.0.1:{port}, and the agent's own TCP port (where
+// 127.0.0.1 is the agent itself) is refused.
+func TestReachesOnlyTheSandboxPort(t *testing.T) {
+	port := backend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "sandbox:", r.Host)
+	}))
+	agent := newAgent(t)
+	status, body := rawGet(t, agent, fmt.Sprintf("http://elsewhere.example:81/proxy/%d/x", port))
+	if want := fmt.Sprintf("sandbox:127.0.0.1:%d", port); status != 200 || body != want {
+		t.Fatalf("absolute-form target: %d %q, want %q", status, body, want)
+	}
+	own := newAgent(t, port)
+	if status, body := rawGet(t, own, fmt.Sprintf("/proxy/%d/x", port)); status != 400 || !strings.Contains(body, "agent's own") {
+		t.Fatalf("the agent's own port: %d %s", status, body)
+	}
+	if _, err := dialLoopback(context.Background(), "tcp", "10.0.0.1:80"); err == nil {
+		t.Fatal("the proxy must dial nothing but 127.0.0.1")
 	}
 }

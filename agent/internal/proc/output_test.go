@@ -1,4 +1,4 @@
-package main
+package proc
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/orchard-env/orchard/agent/internal/testutil"
 )
 
 func TestCapture(t *testing.T) {
@@ -25,8 +27,8 @@ func TestCapture(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dir := t.TempDir()
-			cp := newCapture(c.limit, dir, "stdout")
+			dir := filepath.Join(t.TempDir(), "spill")
+			cp := NewCapture(c.limit, NewSpillDir(dir), "stdout")
 			rest := full
 			for _, n := range c.chunks {
 				if _, err := cp.Write(rest[:n]); err != nil {
@@ -34,8 +36,8 @@ func TestCapture(t *testing.T) {
 				}
 				rest = rest[n:]
 			}
-			cp.finish()
-			got, truncated, path := cp.result()
+			cp.Finish()
+			got, truncated, path := cp.Result()
 			if truncated != c.truncated {
 				t.Fatalf("truncated %v", truncated)
 			}
@@ -57,7 +59,7 @@ func TestCapture(t *testing.T) {
 			}
 			// Writes after finish (a lingering grandchild) are dropped.
 			_, _ = cp.Write([]byte("late"))
-			if again, _, _ := cp.result(); !bytes.Equal(again, got) {
+			if again, _, _ := cp.Result(); !bytes.Equal(again, got) {
 				t.Fatal("capture changed after finish")
 			}
 		})
@@ -69,10 +71,10 @@ func TestCaptureSpillFailure(t *testing.T) {
 	if err := os.WriteFile(blocker, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cp := newCapture(4, filepath.Join(blocker, "sub"), "stdout") // a folder under a file cannot exist
+	cp := NewCapture(4, NewSpillDir(filepath.Join(blocker, "sub")), "stdout") // a folder under a file cannot exist
 	_, _ = cp.Write([]byte("abcdefgh"))
-	cp.finish()
-	got, truncated, path := cp.result()
+	cp.Finish()
+	got, truncated, path := cp.Result()
 	if !truncated || path != "" || !strings.HasPrefix(string(got), "ab\n") || !strings.Contains(string(got), "full output not saved") || !strings.HasSuffix(string(got), "gh") {
 		t.Fatalf("got %q %v %q", got, truncated, path)
 	}
@@ -90,8 +92,8 @@ func TestOutBuf(t *testing.T) {
 		spills    bool
 		dropsHead bool
 	}{
-		{"fits in memory", func(t *testing.T) string { return t.TempDir() }, 7, false, false},
-		{"spills to disk", func(t *testing.T) string { return t.TempDir() }, 13, true, false},
+		{"fits in memory", func(t *testing.T) string { return filepath.Join(t.TempDir(), "spill") }, 7, false, false},
+		{"spills to disk", func(t *testing.T) string { return filepath.Join(t.TempDir(), "spill") }, 13, true, false},
 		{"spill fails: old bytes dropped", func(t *testing.T) string {
 			f := filepath.Join(t.TempDir(), "file")
 			_ = os.WriteFile(f, nil, 0o644)
@@ -104,7 +106,7 @@ func TestOutBuf(t *testing.T) {
 			if c.spills {
 				limit = 256
 			}
-			b := newOutBuf(limit, c.dir(t), "p.stdout")
+			b := NewOutBuf(limit, NewSpillDir(c.dir(t)), "p.stdout")
 			for rest := full; len(rest) > 0; {
 				n := c.chunk
 				if n > len(rest) {
@@ -113,14 +115,14 @@ func TestOutBuf(t *testing.T) {
 				_, _ = b.Write(rest[:n])
 				rest = rest[n:]
 			}
-			b.close()
-			if total, closed, _ := b.state(); total != int64(len(full)) || !closed {
+			b.Close()
+			if total, closed, _ := b.State(); total != int64(len(full)) || !closed {
 				t.Fatalf("state %d %v", total, closed)
 			}
 			// Every offset reads back the right bytes, in pieces of any size.
 			for _, max := range []int{1, 100, 4096} {
 				for off := int64(0); off < int64(len(full)); off += 37 {
-					data, start, dropped, err := b.read(off, max)
+					data, start, dropped, err := b.Read(off, max)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -132,10 +134,10 @@ func TestOutBuf(t *testing.T) {
 					}
 				}
 			}
-			if _, _, _, err := b.read(int64(len(full))+1, 10); err == nil {
+			if _, _, _, err := b.Read(int64(len(full))+1, 10); err == nil {
 				t.Fatal("reading past the end must fail")
 			}
-			if data, _, _, _ := b.read(int64(len(full)), 10); len(data) != 0 {
+			if data, _, _, _ := b.Read(int64(len(full)), 10); len(data) != 0 {
 				t.Fatal("reading at the end returns nothing")
 			}
 			if c.spills && !c.dropsHead && b.file == nil {
@@ -145,54 +147,13 @@ func TestOutBuf(t *testing.T) {
 			if b.file != nil {
 				name = b.file.Name()
 			}
-			b.remove()
+			b.Remove()
 			if name != "" {
 				if _, err := os.Stat(name); !os.IsNotExist(err) {
 					t.Fatalf("spill file kept: %v", err)
 				}
 			}
 		})
-	}
-}
-
-func TestCompleteUTF8(t *testing.T) {
-	cases := []struct {
-		in   string
-		want int
-	}{
-		{"", 0},
-		{"abc", 3},
-		{"aé", 3},
-		{"a\xc3", 1},         // é cut after its first byte
-		{"a\xe2\x82", 1},     // € cut after two bytes
-		{"a\xf0\x9f\x98", 1}, // emoji cut after three bytes
-		{"a\xf0\x9f\x98\x80", 5},
-		{"\xc3", 1},      // nothing but a cut character: send it anyway
-		{"a\xff", 2},     // invalid, not cut: send as is
-		{"a\x80\x80", 3}, // stray continuation bytes
-	}
-	for _, c := range cases {
-		if got := completeUTF8([]byte(c.in)); got != c.want {
-			t.Errorf("completeUTF8(%q) = %d, want %d", c.in, got, c.want)
-		}
-	}
-}
-
-func TestParseSignal(t *testing.T) {
-	cases := []struct {
-		in   string
-		want string
-		ok   bool
-	}{
-		{`"TERM"`, "TERM", true}, {`"SIGKILL"`, "KILL", true}, {`"int"`, "INT", true},
-		{`9`, "KILL", true}, {`"15"`, "TERM", true}, {`null`, "TERM", true}, {``, "TERM", true},
-		{`"NOPE"`, "", false}, {`0`, "", false}, {`99`, "", false}, {`true`, "", false},
-	}
-	for _, c := range cases {
-		sig, err := parseSignal([]byte(c.in))
-		if (err == nil) != c.ok || (c.ok && signalName(sig) != c.want) {
-			t.Errorf("parseSignal(%s) = %v, %v", c.in, sig, err)
-		}
 	}
 }
 
@@ -205,7 +166,7 @@ func TestPumpDrained(t *testing.T) {
 	}
 	defer r.Close()
 	defer w.Close()
-	idle := &pump{done: make(chan struct{})} // stands for a pump that has not run yet
+	idle := &Pump{done: make(chan struct{})} // stands for a pump that has not run yet
 	idle.rc, _ = r.SyscallConn()
 	if !idle.drained() {
 		t.Fatal("empty pipe reported as not drained")
@@ -218,11 +179,11 @@ func TestPumpDrained(t *testing.T) {
 	}
 
 	release := make(chan struct{})
-	p := startPump(r, false, func([]byte) { <-release }) // a sink that is slow to take the chunk
-	eventually(t, "pump took the chunk", func() bool { return p.busy.Load() })
+	p := StartPump(r, false, func([]byte) { <-release }) // a sink that is slow to take the chunk
+	testutil.Eventually(t, "pump took the chunk", func() bool { return p.busy.Load() })
 	if p.drained() {
 		t.Fatal("chunk in the pump's hands reported as drained")
 	}
 	close(release)
-	eventually(t, "pump handed the chunk on", func() bool { return p.drained() })
+	testutil.Eventually(t, "pump handed the chunk on", func() bool { return p.drained() })
 }

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package proc
+
+import "syscall"
+
+var platformSignals = map[syscall.Signal]string{}
