@@ -12,6 +12,7 @@
 #   cluster.sh restart NAME     kill -9 one component (apiserver, etcd, kubelet, ...) and start
 #                               it again (for fault tests)
 #   cluster.sh kubeconfig       print the admin kubeconfig path
+#   cluster.sh bin              print the folder of the built binaries (kubectl, ...)
 #
 # The node is this machine: etcd, kube-apiserver (TLS, RBAC, NodeRestriction, Pod Security
 # admission), kube-controller-manager, kube-scheduler, a kubelet on its own containerd (runc,
@@ -260,6 +261,7 @@ evictionHard: {memory.available: 200Mi, nodefs.available: 2%, imagefs.available:
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 resolvConf: /etc/resolv.conf
+podLogsDir: $STATE/pod-logs
 EOF
   put "$STATE/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -285,6 +287,16 @@ forward_rules() {
   iptables -A ORCHARD-K8S-FWD -o "$BRIDGE" -j ACCEPT
 }
 
+# Pods' network namespaces are bind mounts in /run/netns. Make that folder a shared mount
+# point now, as `ip netns add` would later: if it did so while pods run, its new mount would
+# hide theirs and containerd could no longer remove them (pods stuck Terminating).
+shared_netns_dir() {
+  mkdir -p /run/netns
+  mount --make-shared /run/netns 2>/dev/null || {
+    mount --bind /run/netns /run/netns && mount --make-shared /run/netns
+  }
+}
+
 start_component() {
   local node="$1" ip="$2" name="$3"
   case "$name" in
@@ -307,7 +319,7 @@ start_component() {
       --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
       --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
       --anonymous-auth=false --allow-privileged=false --profiling=false \
-      --event-ttl 30m --v 1
+      --kubelet-preferred-address-types InternalIP --event-ttl 30m --v 1
     wait_for kube-apiserver 90 curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" \
       --key "$PKI/admin.key" https://127.0.0.1:6443/readyz ;;
   kube-controller-manager)
@@ -378,6 +390,7 @@ cmd_up() {
   make_pki "$node" "$ip"
   write_configs "$node" "$ip"
   forward_rules
+  shared_netns_dir
   local c
   for c in "${COMPONENTS[@]}"; do start_component "$node" "$ip" "$c"; done
   pause_image
@@ -435,20 +448,22 @@ cmd_down() {
   pkill -9 -f "containerd-shim-runc-v2 -namespace k8s.io -address $CTR_SOCK" 2>/dev/null || true
   # Mounts under our folders (deepest first), and the pods' network namespaces.
   local m
-  for m in $(awk '{print $5}' /proc/self/mountinfo | grep -E "^($STATE|$RUN)(/|$)" | sort -r); do
+  for m in $(awk '{print $5}' /proc/self/mountinfo | grep -E "^($STATE|$RUN)(/|$)" | sort -r || true); do
     umount -l "$m" 2>/dev/null || true
   done
-  for m in /run/netns/cni-*; do
-    [ -e "$m" ] || continue
-    umount "$m" 2>/dev/null || true
-    rm -f "$m"
+  local i
+  for ((i = 0; i < 5; i++)); do  # a later bind mount of /run/netns may hide them: peel it
+    grep -q ' /run/netns/cni-' /proc/self/mountinfo || break
+    for m in $(awk '$5 ~ "^/run/netns/cni-" {print $5}' /proc/self/mountinfo); do umount -l "$m" 2>/dev/null || true; done
+    grep -q ' /run/netns/cni-' /proc/self/mountinfo && umount -l /run/netns 2>/dev/null
   done
+  rm -f /run/netns/cni-*
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
   # iptables: kube-proxy's, kube-router's, the CNI plugins' and ours, in every table.
   local t chain
   for t in filter nat mangle raw; do
-    iptables -t "$t" -S 2>/dev/null | grep -E '^-A .* -j (KUBE-|CNI-|ORCHARD-K8S-)' | sed 's/^-A/-D/' |
-      while read -r rule; do eval "iptables -t $t $rule" 2>/dev/null || true; done
+    { iptables -t "$t" -S 2>/dev/null | grep -E '^-A .* -j (KUBE-|CNI-|ORCHARD-K8S-)' | sed 's/^-A/-D/' |
+      while read -r rule; do eval "iptables -t $t $rule" 2>/dev/null || true; done; } || true
     for chain in $(iptables -t "$t" -S 2>/dev/null | awk '/^-N (KUBE-|CNI-|ORCHARD-K8S-)/ {print $2}'); do
       iptables -t "$t" -F "$chain" 2>/dev/null || true
     done
@@ -475,5 +490,6 @@ status) cmd_status ;;
 load) shift; import_images "$@" ;;
 restart) shift; cmd_restart "$@" ;;
 kubeconfig) echo "$KCFG/admin.kubeconfig" ;;
-*) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+bin) echo "$BIN" ;;
+*) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -67,6 +67,18 @@ class RateLimited(OrchardError):
     code, status = "rate_limited", 429
 
 
+class QuotaExceeded(RateLimited):
+    """Over a quota (Orchard's own, or the cluster's ResourceQuota): nothing was created."""
+
+    code = "quota_exceeded"
+
+
+class AdmissionDenied(Forbidden):
+    """The platform's admission (e.g. Kubernetes Pod Security) refused what was asked."""
+
+    code = "admission_denied"
+
+
 class Unavailable(OrchardError):
     """Transient: the backend, the registry or the agent did not answer. Safe to retry."""
 
@@ -79,6 +91,12 @@ class RegistryUnavailable(Unavailable):
 
 class AgentUnavailable(Unavailable):
     code = "agent_unavailable"
+
+
+class Unschedulable(Unavailable):
+    """No node can take the sandbox now (too big, or the cluster is full)."""
+
+    code = "unschedulable"
 
 
 class Internal(OrchardError):

@@ -37,14 +37,17 @@ from orchard.env.backends import k8s_objects as objs
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.backends.k8s_objects import KubernetesOptions
 from orchard.env.errors import (
+    AdmissionDenied,
     Conflict,
     ImageNotFound,
     InvalidRequest,
     NotFound,
     OrchardError,
+    QuotaExceeded,
     RegistryUnavailable,
     SandboxExited,
     Unavailable,
+    Unschedulable,
 )
 from orchard.env.models import NetworkPolicy
 from orchard.env.network import ResolvedAllow, resolve_allow
@@ -139,6 +142,10 @@ class KubernetesBackend:
             return Conflict(f"{what}: {msg}")
         if code in (400, 422):
             return InvalidRequest(f"{what}: {msg}")
+        if code == 403 and "exceeded quota" in msg:
+            return QuotaExceeded(f"{what}: the cluster's quota is exhausted: {msg}")
+        if code == 403 and ("violates PodSecurity" in msg or "admission webhook" in msg):
+            return AdmissionDenied(f"{what}: the cluster's admission refused the pod: {msg}")
         if code in (401, 403):
             return Unavailable(f"{what}: the API server refused us ({code}): {msg}")
         return Unavailable(f"{what}: Kubernetes API said {code}: {msg}")
@@ -363,7 +370,10 @@ class KubernetesBackend:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     why = problem[1] if problem else "still Pending"
-                    raise Unavailable(
+                    stuck = (
+                        Unschedulable if problem and problem[0] == "unschedulable" else Unavailable
+                    )
+                    raise stuck(
                         f"sandbox {sid} did not start within "
                         f"{self.opts.pending_timeout_s:g} s: {why}",
                         details={"reason": why},

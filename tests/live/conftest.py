@@ -1,0 +1,212 @@
+"""Fixtures of the live suite: a real Kubernetes cluster and Orchard deployed in it.
+
+`make test-k8s` starts the cluster built from source (`deploy/cluster/cluster.sh`), builds
+the service and injector images offline and loads them on the node, then runs this suite
+with ORCHARD_TEST_KUBECONFIG set. Without that variable every live test is skipped with
+that reason (as in `make test`). Any cluster works whose nodes have the images and whose
+pod IPs this machine reaches (kind, k3s; see docs/kubernetes.md).
+
+Everything a test makes is deleted afterwards: sandboxes through the API, then the
+deployment's namespaces, the test namespace and the host-side network namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchard import Orchard
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_SH = ROOT / "deploy" / "cluster" / "cluster.sh"
+OVERLAY = ROOT / "deploy" / "kubernetes" / "overlays" / "local"
+KUBECONFIG = os.environ.get("ORCHARD_TEST_KUBECONFIG", "")
+NEED_CLUSTER = pytest.mark.skipif(
+    not KUBECONFIG,
+    reason="set ORCHARD_TEST_KUBECONFIG to a kubeconfig to run these against a real cluster",
+)
+# The "outside world" for egress tests: a network namespace of our own on this machine,
+# on a documentation range, serving HTTP (what an allowed destination looks like).
+OUTSIDE_NS = "orchk8s-out"
+OUTSIDE_IP, OUTSIDE_HOST_IP, OUTSIDE_PORT = "198.51.100.10", "198.51.100.1", 8081
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here):
+            item.add_marker(NEED_CLUSTER)
+
+
+def kubectl_path() -> str:
+    if os.environ.get("ORCHARD_TEST_KUBECTL"):
+        return os.environ["ORCHARD_TEST_KUBECTL"]
+    out = subprocess.run(["bash", str(CLUSTER_SH), "bin"], capture_output=True, text=True)
+    built = Path(out.stdout.strip()) / "kubectl"
+    return str(built) if built.exists() else "kubectl"
+
+
+def kubectl(
+    *args: str, input_text: str | None = None, check: bool = True, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """Run the (real, built from source) kubectl against the test cluster."""
+    cmd = [kubectl_path(), "--kubeconfig", KUBECONFIG, *args]
+    res = subprocess.run(cmd, input=input_text, capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {res.stderr or res.stdout}")
+    return res
+
+
+def kget(*args: str) -> Any:
+    return json.loads(kubectl("get", *args, "-o", "json").stdout)
+
+
+def load_images(*images: str) -> None:
+    """Copy images from the local Docker engine to the node (a no-op when already there)."""
+    subprocess.run(["bash", str(CLUSTER_SH), "load", *images], check=True, capture_output=True)
+
+
+def node_ip() -> str:
+    node = kget("nodes")["items"][0]
+    return next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+
+
+@dataclass
+class Deployed:
+    """Orchard running in the cluster (2 replicas), reached from outside over its NodePort."""
+
+    url: str
+    keys: dict[str, str]
+
+    def client(self, owner: str = "alice", **kw: Any) -> Orchard:
+        return Orchard(base_url=self.url, api_key=self.keys[owner], **kw)
+
+    def service_pods(self) -> list[dict[str, Any]]:
+        pods = kget("pods", "-n", "orchard-system", "-l", "app.kubernetes.io/name=orchard")
+        return list(pods["items"])
+
+    def wait_ready(self, replicas: int = 2, timeout_s: float = 180) -> None:
+        kubectl(
+            "-n", "orchard-system", "rollout", "status", "deployment/orchard",
+            f"--timeout={int(timeout_s)}s", timeout=timeout_s + 10,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ready = [p for p in self.service_pods() if _pod_ready(p)]
+            if len(ready) >= replicas and self._answers():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{replicas} ready replicas did not answer within {timeout_s} s")
+
+    def _answers(self) -> bool:
+        with contextlib.suppress(Exception), self.client() as c:
+            c.health()
+            return True
+        return False
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+def delete_all_sandboxes(dep: Deployed) -> None:
+    for owner in dep.keys:
+        with contextlib.suppress(Exception), dep.client(owner) as c:
+            for sb in c.sandboxes.list():
+                with contextlib.suppress(Exception):
+                    c.sandboxes.delete(sb.id)
+
+
+@pytest.fixture(scope="session")
+def sandbox_image(busybox_image: str) -> str:
+    """A plain busybox image that has never seen the agent (the init container injects it)."""
+    load_images(busybox_image)
+    return busybox_image
+
+
+@pytest.fixture(scope="session")
+def deployed() -> Iterator[Deployed]:
+    """Render the `local` overlay with real kustomize, apply it server-side, give it fresh
+    API keys for two tenants and wait for both replicas; afterwards delete it all."""
+    for image in ("orchard/service:local", "orchard/agent-injector:local"):
+        if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode:
+            pytest.fail(
+                f"{image} is missing: run deploy/kubernetes/images/build.sh (make test-k8s does)"
+            )
+    load_images("orchard/service:local", "orchard/agent-injector:local")
+    rendered = kubectl("kustomize", str(OVERLAY)).stdout
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=rendered)
+    keys = {"alice": secrets.token_urlsafe(18), "bob": secrets.token_urlsafe(18)}
+    secret = kubectl(
+        "-n", "orchard-system", "create", "secret", "generic", "orchard-secrets",
+        f"--from-literal=secret={secrets.token_urlsafe(32)}",
+        "--from-literal=api-keys=" + ",".join(f"{o}:{k}" for o, k in keys.items()),
+        "--dry-run=client", "-o", "yaml",
+    ).stdout  # fmt: skip
+    kubectl("apply", "-f", "-", input_text=secret)
+    kubectl("-n", "orchard-system", "rollout", "restart", "deployment/orchard")
+    dep = Deployed(url=f"http://{node_ip()}:30080", keys=keys)
+    dep.wait_ready()
+    try:
+        yield dep
+    finally:
+        delete_all_sandboxes(dep)
+        kubectl("delete", "-f", "-", "--wait=true", "--timeout=180s", "--ignore-not-found",
+                input_text=rendered, check=False, timeout=240)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def outside() -> Iterator[tuple[str, int]]:
+    """An HTTP server outside the cluster: in a network namespace of ours behind a veth."""
+
+    def sh(*cmd: str) -> None:
+        subprocess.run(cmd, check=True, capture_output=True)
+
+    def cleanup() -> None:
+        subprocess.run(["ip", "netns", "delete", OUTSIDE_NS], capture_output=True)
+        subprocess.run(["ip", "link", "delete", "okout0"], capture_output=True)
+
+    cleanup()
+    sh("ip", "netns", "add", OUTSIDE_NS)
+    try:
+        sh("ip", "link", "add", "okout0", "type", "veth", "peer", "name", "okout1")
+        sh("ip", "link", "set", "okout1", "netns", OUTSIDE_NS)
+        sh("ip", "addr", "add", f"{OUTSIDE_HOST_IP}/24", "dev", "okout0")
+        sh("ip", "link", "set", "okout0", "up")
+        ns = ["ip", "netns", "exec", OUTSIDE_NS]
+        sh(*ns, "ip", "addr", "add", f"{OUTSIDE_IP}/24", "dev", "okout1")
+        sh(*ns, "ip", "link", "set", "okout1", "up")
+        sh(*ns, "ip", "link", "set", "lo", "up")
+        sh(*ns, "ip", "route", "add", "default", "via", OUTSIDE_HOST_IP)
+        server = subprocess.Popen(
+            [*ns, sys.executable, "-m", "http.server", str(OUTSIDE_PORT), "--bind", OUTSIDE_IP],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    socket.create_connection((OUTSIDE_IP, OUTSIDE_PORT), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the outside server did not start"
+                    time.sleep(0.2)
+            yield OUTSIDE_IP, OUTSIDE_PORT
+        finally:
+            server.kill()
+            server.wait()
+    finally:
+        cleanup()

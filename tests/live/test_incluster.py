@@ -1,0 +1,354 @@
+"""Orchard deployed in a real cluster (2 replicas of the service image built offline), used
+from outside through its NodePort exactly as a user would: the SDK, real pods, the agent
+injected by the init container, NetworkPolicies enforced by a real firewall (kube-router).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchard import Orchard
+from orchard.env.errors import NotFound, OrchardError, SandboxExited
+from orchard.env.sdk import Sandbox
+from tests.live.conftest import CLUSTER_SH, Deployed, kget, kubectl
+
+NS = "orchard-sandboxes"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+@pytest.fixture
+def client(deployed: Deployed) -> Iterator[Orchard]:
+    with deployed.client() as c:
+        made_before = {s.id for s in c.sandboxes.list()}
+        try:
+            yield c
+        finally:
+            for s in c.sandboxes.list():
+                if s.id not in made_before:
+                    c.sandboxes.delete(s.id)
+
+
+def pod_of(sandbox_id: str) -> dict[str, object]:
+    pods = kget("pods", "-n", NS, "-l", f"orchard.dev/sandbox={sandbox_id}")["items"]
+    assert len(pods) == 1, pods
+    return pods[0]  # type: ignore[no-any-return]
+
+
+def reach(sb: Sandbox, ip: str, port: int) -> bool:
+    """Whether a TCP connection from inside the sandbox to ip:port gets through."""
+    res = sb.exec(f"nc -w 3 {ip} {port} </dev/null", timeout_s=10)
+    return res.exit_code == 0
+
+
+def test_agent_is_injected_into_an_image_that_never_saw_it(
+    client: Orchard, sandbox_image: str
+) -> None:
+    with client.sandboxes.create(sandbox_image, timeout_s=300) as sb:
+        res = sb.exec("echo hi; id -u; ls /.orchard")
+        assert res.exit_code == 0
+        lines = res.stdout.split()
+        assert lines[:2] == ["hi", "0"] and "orchard-agent" in lines
+        pod = pod_of(sb.id)
+        spec = pod["spec"]
+        assert isinstance(spec, dict)
+        assert [c["image"] for c in spec["initContainers"]] == ["orchard/agent-injector:local"]
+        # The image itself has no agent: the binary comes from the init container's copy.
+        out = subprocess.run(
+            ["docker", "run", "--rm", "--entrypoint", "/bin/sh", sandbox_image, "-c",
+             "ls /.orchard 2>&1 || true"], capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        assert "orchard-agent" not in out
+
+
+def test_exec_streaming_background_and_pty(client: Orchard, sandbox_image: str) -> None:
+    with client.sandboxes.create(sandbox_image, timeout_s=300) as sb:
+        res = sb.exec("echo out; echo err >&2; exit 3")
+        assert (res.exit_code, res.stdout, res.stderr) == (3, "out\n", "err\n")
+        timed = sb.exec("sleep 30", timeout_s=1)
+        assert timed.timed_out and timed.exit_code == 124
+        events = list(sb.exec_stream("for i in 1 2 3; do echo $i; sleep 0.2; done"))
+        out = "".join(e.data or "" for e in events if e.type == "stdout")
+        assert out == "1\n2\n3\n" and events[-1].type == "exit"
+        proc = sb.process.start("for i in 1 2 3; do echo tick $i; sleep 0.1; done")
+        done = sb.process.wait(proc.id, timeout_s=20)
+        assert done.exit_code == 0
+        assert "tick 3" in sb.process.output(proc.id).data
+        pty = sb.process.start("sh", pty=True, rows=24, cols=80)
+        sb.process.stdin(pty.id, "tty; echo pty-ok; exit\n")
+        sb.process.wait(pty.id, timeout_s=20)
+        text = sb.process.output(pty.id).data
+        assert "/dev/pts/" in text and "pty-ok" in text
+
+
+def test_files_and_tar(client: Orchard, sandbox_image: str, tmp_path: Path) -> None:
+    with client.sandboxes.create(sandbox_image, timeout_s=300) as sb:
+        blob = os.urandom(3 << 20)
+        sb.files.write("/work/blob.bin", blob)
+        assert sb.files.read("/work/blob.bin") == blob
+        assert sb.files.stat("/work/blob.bin").size == len(blob)
+        src = tmp_path / "src"
+        (src / "a" / "b").mkdir(parents=True)
+        for i in range(50):
+            (src / "a" / "b" / f"f{i}.txt").write_text(f"file {i}\n")
+        sb.files.upload_dir(src, "/work/tree")
+        assert sb.exec("cat /work/tree/a/b/f49.txt").stdout == "file 49\n"
+        back = tmp_path / "back"
+        sb.files.download_dir("/work/tree", back)
+        assert (back / "a" / "b" / "f7.txt").read_text() == "file 7\n"
+
+
+def test_port_proxy_through_the_service(client: Orchard, sandbox_image: str) -> None:
+    with client.sandboxes.create(sandbox_image, timeout_s=300) as sb:
+        sb.files.write("/www/index.html", b"served from the sandbox\n")
+        sb.process.start("httpd -f -p 8000 -h /www")
+        url = sb.port_url(8000, "index.html", with_key=True)
+        deadline = time.monotonic() + 20
+        while True:
+            r = httpx.get(url, timeout=5)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert r.status_code == 200 and r.text == "served from the sandbox\n"
+
+
+def test_egress_is_enforced_by_network_policy(
+    client: Orchard, deployed: Deployed, sandbox_image: str, outside: tuple[str, int]
+) -> None:
+    """none / all / allow-lists, against the outside host, another sandbox, the API server
+    (service IP and node address), the kubelet, and Orchard's own service."""
+    out_ip, out_port = outside
+    node = deployed.url.split("//")[1].split(":")[0]
+    svc_ip = kget("service", "-n", "orchard-system", "orchard")["spec"]["clusterIP"]
+    api_ip = kget("service", "-n", "default", "kubernetes")["spec"]["clusterIP"]
+    with client.sandboxes.create(sandbox_image, timeout_s=300) as other:
+        other.process.start("httpd -f -p 8000 -h /")
+        other_ip = str(pod_of(other.id)["status"]["podIP"])  # type: ignore[index]
+        # Positive control: the port proxy (the service's own path) does reach it.
+        assert httpx.get(other.port_url(8000, with_key=True), timeout=10).status_code < 500
+        never = {
+            "other sandbox": (other_ip, 8000),
+            "other sandbox's agent": (other_ip, 9090),
+            "API server (service IP)": (api_ip, 443),
+            "API server (node)": (node, 6443),
+            "kubelet": (node, 10250),
+            "Orchard service": (svc_ip, 80),
+            "Orchard NodePort": (node, 30080),
+        }
+        cases = [
+            ({"egress": "none"}, False),
+            ({"egress": "all"}, True),
+            ({"egress": "allow", "allow": [f"{out_ip}/32", f"{other_ip}/32"]}, True),
+            ({"egress": "allow", "allow": ["0.0.0.0/0"]}, True),
+            ({"egress": "allow", "allow": ["203.0.113.0/24"]}, False),
+        ]
+        for network, outside_ok in cases:
+            with client.sandboxes.create(sandbox_image, timeout_s=300, network=network) as sb:
+                got = {name: reach(sb, ip, port) for name, (ip, port) in never.items()}
+                assert got == dict.fromkeys(never, False), (network, got)
+                assert reach(sb, out_ip, out_port) is outside_ok, network
+        # Changed at run time: none -> all opens the outside, nothing else.
+        with client.sandboxes.create(sandbox_image, timeout_s=300) as sb:
+            assert not reach(sb, out_ip, out_port)
+            sb.network.update("all")
+            deadline = time.monotonic() + 15
+            while not reach(sb, out_ip, out_port):
+                assert time.monotonic() < deadline, "egress all never took effect"
+            assert not reach(sb, other_ip, 8000)
+
+
+def test_no_service_account_token_and_pod_security(client: Orchard, sandbox_image: str) -> None:
+    with client.sandboxes.create(sandbox_image, timeout_s=300) as sb:
+        res = sb.exec("ls /var/run/secrets/kubernetes.io/serviceaccount 2>&1; echo rc=$?")
+        assert "rc=0" not in res.stdout
+        assert "token" not in sb.exec("cat /proc/mounts").stdout.replace("tokens", "")
+        pod = pod_of(sb.id)
+        assert pod["spec"]["automountServiceAccountToken"] is False  # type: ignore[index]
+    labels = kget("namespace", NS)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert (
+        kget("namespace", "orchard-system")["metadata"]["labels"][
+            "pod-security.kubernetes.io/enforce"
+        ]
+        == "restricted"
+    )
+    # The level is enforced, not just labelled: a pod sharing the host's PIDs is refused there.
+    bad = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "psa-probe", "namespace": NS},
+        "spec": {"hostPID": True, "containers": [{"name": "c", "image": sandbox_image}]},
+    }  # fmt: skip
+    res = kubectl("create", "--dry-run=server", "-f", "-", input_text=json.dumps(bad), check=False)
+    assert res.returncode != 0 and "violates PodSecurity" in res.stderr
+
+
+def test_other_tenants_sandboxes_are_invisible(deployed: Deployed, sandbox_image: str) -> None:
+    with (
+        deployed.client("alice") as alice,
+        deployed.client("bob") as bob,
+        alice.sandboxes.create(sandbox_image, timeout_s=300) as sb,
+    ):
+        assert sb.id not in {s.id for s in bob.sandboxes.list()}
+        with pytest.raises(NotFound):
+            bob.sandboxes.get(sb.id)
+        with pytest.raises(NotFound):
+            bob.sandboxes.delete(sb.id)
+        assert sb.exec("echo still-here").stdout == "still-here\n"
+
+
+def test_unschedulable_request_is_a_clear_error_and_leaks_nothing(
+    client: Orchard, sandbox_image: str
+) -> None:
+    before = {p["metadata"]["name"] for p in kget("pods", "-n", NS)["items"]}
+    with pytest.raises(OrchardError) as info:
+        client.sandboxes.create(sandbox_image, cpu=64, timeout_s=300)
+    assert info.value.code == "unschedulable" and info.value.status == 503
+    assert "Insufficient cpu" in info.value.message
+    deadline = time.monotonic() + 30
+    while {p["metadata"]["name"] for p in kget("pods", "-n", NS)["items"]} - before:
+        assert time.monotonic() < deadline, "the unschedulable pod was left behind"
+        time.sleep(0.5)
+    assert client.sandboxes.list() == []
+
+
+def test_pod_deleted_or_evicted_behind_the_services_back(
+    client: Orchard, sandbox_image: str
+) -> None:
+    deleted = client.sandboxes.create(sandbox_image, timeout_s=300)
+    evicted = client.sandboxes.create(sandbox_image, timeout_s=300)
+    kubectl("-n", NS, "delete", "pod", f"orchard-{deleted.id}", "--wait=true")
+    eviction = {
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": f"orchard-{evicted.id}", "namespace": NS},
+    }  # fmt: skip
+    kubectl("create", "--raw", f"/api/v1/namespaces/{NS}/pods/orchard-{evicted.id}/eviction",
+            "-f", "-", input_text=json.dumps(eviction))  # fmt: skip
+    for sb in (deleted, evicted):
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                state = client.sandboxes.get(sb.id).refresh().status
+            except NotFound:
+                break
+            if state in ("exited", "failed"):
+                break
+            assert time.monotonic() < deadline, f"{sb.id} still {state}"
+            time.sleep(0.5)
+        with pytest.raises((NotFound, SandboxExited, OrchardError)):
+            sb.exec("true")
+        client.sandboxes.delete(sb.id)
+    assert not kget("networkpolicies", "-n", NS, "-l", "orchard.dev/sandbox")["items"]
+
+
+def test_a_replica_killed_the_other_keeps_serving(
+    deployed: Deployed, client: Orchard, sandbox_image: str
+) -> None:
+    sb = client.sandboxes.create(sandbox_image, timeout_s=600)
+    victim = deployed.service_pods()[0]
+    restarts = victim["status"]["containerStatuses"][0]["restartCount"]
+    cid = victim["status"]["containerStatuses"][0]["containerID"].split("//")[1]
+    ctr = ["ctr", "-a", "/run/orchard-cluster/containerd.sock", "-n", "k8s.io"]
+    subprocess.run([*ctr, "tasks", "kill", "-s", "KILL", cid], check=True, capture_output=True)
+    failures, calls = 0, 0
+    stop = time.monotonic() + 8
+    while time.monotonic() < stop:  # kube-proxy drops the dead endpoint within seconds
+        calls += 1
+        try:
+            assert client.sandboxes.get(sb.id).exec("echo up").stdout == "up\n"
+        except OrchardError:
+            failures += 1
+        time.sleep(0.1)
+    assert calls - failures > calls // 2, f"{failures}/{calls} calls failed"
+    deployed.wait_ready()
+    pod = next(
+        p for p in deployed.service_pods() if p["metadata"]["name"] == victim["metadata"]["name"]
+    )
+    assert pod["status"]["containerStatuses"][0]["restartCount"] > restarts
+    # Both replicas, the restarted one included, see and serve the sandbox (rebuilt state).
+    for _ in range(10):
+        assert client.sandboxes.get(sb.id).exec("echo again").stdout == "again\n"
+    sb.delete()
+
+
+def test_api_server_restarted_mid_run(client: Orchard, sandbox_image: str) -> None:
+    """The watches reconnect: after a kill -9 of the API server (and an etcd compaction, so
+    resuming an old watch gets 410 Gone) creates, execs and deletes work again."""
+    sb = client.sandboxes.create(sandbox_image, timeout_s=600)
+    rev = httpx.post("http://127.0.0.1:2379/v3/kv/range", json={"key": "AA=="}).json()
+    subprocess.run(["bash", str(CLUSTER_SH), "restart", "kube-apiserver"], check=True,
+                   capture_output=True)  # fmt: skip
+    revision = int(rev["header"]["revision"])
+    httpx.post("http://127.0.0.1:2379/v3/kv/compaction", json={"revision": str(revision)})
+    assert sb.exec("echo through").stdout == "through\n"  # the data path never needed it
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with client.sandboxes.create(sandbox_image, timeout_s=300) as fresh:
+                assert fresh.exec("echo new").stdout == "new\n"
+            break
+        except OrchardError:
+            assert time.monotonic() < deadline, "no create worked after the restart"
+            time.sleep(1)
+    # A pod deleted now is noticed: the replicas' watches are live again.
+    kubectl("-n", NS, "delete", "pod", f"orchard-{sb.id}", "--wait=true")
+    deadline = time.monotonic() + 60
+    while sb.id in {s.id for s in client.sandboxes.list() if s.status == "running"}:
+        assert time.monotonic() < deadline, "the deleted pod is still listed as running"
+        time.sleep(0.5)
+    client.sandboxes.delete(sb.id)
+
+
+COMMANDS = [
+    "echo $0",
+    "ls /",
+    "cat /proc/version | head -c 40",
+    "sh -lc 'cat /proc/version | head -c 40'",
+]
+
+
+def test_100_sandboxes_x_4_commands(client: Orchard, sandbox_image: str) -> None:
+    n, workers = int(os.environ.get("ORCHARD_TEST_K8S_STRESS_N", "100")), 16
+    lock, creates, execs = threading.Lock(), [], []
+
+    def one(i: int) -> bool:
+        t = time.monotonic()
+        sb = client.sandboxes.create(sandbox_image, timeout_s=900, labels={"stress": "1"})
+        made = time.monotonic() - t
+        ok = True
+        try:
+            for cmd in COMMANDS:
+                t1 = time.monotonic()
+                ok = ok and sb.exec(cmd).exit_code == 0
+                with lock:
+                    execs.append(time.monotonic() - t1)
+        finally:
+            sb.delete()
+        with lock:
+            creates.append(made)
+        return ok
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(one, range(n)))
+    total = time.monotonic() - start
+    creates.sort()
+    execs.sort()
+    report = {
+        "sandboxes": n, "commands_each": len(COMMANDS), "workers": workers,
+        "success": sum(results) / n, "total_s": round(total, 2),
+        "create_p50_s": round(creates[len(creates) // 2], 3),
+        "create_p99_s": round(creates[min(len(creates) - 1, int(len(creates) * 0.99))], 3),
+        "exec_p50_ms": round(1000 * execs[len(execs) // 2], 1),
+    }  # fmt: skip
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "k8s_stress.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nkubernetes stress: {json.dumps(report)}")
+    assert all(results), report
