@@ -30,7 +30,7 @@ def docker_ps(label_filter: str) -> list[str]:
     return proc.stdout.split()
 
 
-def test_grpo_env_claw_one_step(
+def test_grpo_family_claw_one_step(
     tiny_dir: Path, agent_binary: Path, docker_ready: None, tmp_path: Path
 ) -> None:
     images.debian_python_image()  # the world's image, built offline once

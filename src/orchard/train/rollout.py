@@ -250,7 +250,7 @@ class EpisodeResult:
 
 
 class RolloutRunner(Protocol):
-    """What the BAR glue needs of an environment's episode runner."""
+    """What the BAR glue needs of a family's episode runner."""
 
     tokenizer: Any
 
