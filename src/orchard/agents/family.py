@@ -130,7 +130,8 @@ def get_family(spec: str) -> Family:
         found = getattr(importlib.import_module(module), attr, None) if module else None
     except ImportError as e:
         raise UnknownFamily(f"unknown family {spec!r}: {e}") from e
-    family = found() if isinstance(found, type) else found
+    # a class whose members are the protocol's (a `name` class attribute included)
+    family = found() if isinstance(found, type) and isinstance(found, Family) else found
     if not isinstance(family, Family):
         known = ", ".join(family_names())
         raise UnknownFamily(f"unknown family {spec!r} (known: {known}, or a dotted path)")
