@@ -113,8 +113,8 @@ def throughput(concurrency: Sequence[int]) -> list[dict[str, Any]]:
     from orchard import Orchard
     from orchard.swe.harness import load_config
     from orchard.swe.images import build_images
+    from orchard.swe.rollout import SweRolloutRunner
     from orchard.swe.tasks import SAMPLE_DIR, sample_tasks
-    from orchard.train.rollout import EpisodeRunner
     from orchard.train.tiny import build_tokenizer
     from orchard.train.tokenize import load_trajectories
 
@@ -140,7 +140,7 @@ def throughput(concurrency: Sequence[int]) -> list[dict[str, Any]]:
             ]
 
             def one(task: Any) -> Any:
-                runner = EpisodeRunner(
+                runner = SweRolloutRunner(
                     client, tok, ReplayGenerator(tok, replies[task.instance_id]), agent_config
                 )
                 return runner.run(task)

@@ -32,7 +32,7 @@ import common
 from orchard import Orchard
 from orchard.gui.actions import parse_action
 from orchard.gui.browser import Browser
-from orchard.gui.env import BrowserEnv, EnvConfig
+from orchard.gui.browser_env import BrowserEnv, EnvConfig
 from orchard.gui.image import browser_image
 from orchard.gui.types import CDP_PORT, SITE_HOSTS, SITES_PORT, WebTask
 

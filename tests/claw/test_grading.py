@@ -11,20 +11,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from orchard.claw.grading import (
-    MISSING,
-    JudgeContext,
-    LLMRubricJudge,
-    Verdict,
-    grade,
-    match,
-    parse_path,
-    resolve,
-    robustness,
-)
+from orchard.agents.llm import OpenAIModel
+from orchard.claw.checks import MISSING, match, parse_path, resolve
+from orchard.claw.grading import grade, robustness
+from orchard.claw.judge import JudgeContext, LLMRubricJudge, Verdict
 from orchard.claw.spec import TaskSpec
 from orchard.claw.tasks import NULL_ANSWER, TaskLoadError, load_tasks
-from orchard.swe.models import OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 STATE: dict[str, Any] = {

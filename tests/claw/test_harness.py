@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from orchard.agents.llm import OpenAIModel
 from orchard.claw.harness import (
     ClawTrajectory,
     HarnessConfig,
@@ -18,7 +19,6 @@ from orchard.claw.harness import (
 from orchard.claw.runner import WorldPool, play
 from orchard.claw.spec import TaskSpec
 from orchard.claw.world import World
-from orchard.swe.models import OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 # A tiny two-turn task: the user asks for one to-do, then (a scripted follow-up) another.

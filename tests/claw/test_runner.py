@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from orchard import Orchard
-from orchard.claw.grading import LLMRubricJudge
+from orchard.agents.llm import ChatModel, OpenAIModel
 from orchard.claw.harness import HarnessConfig, null_model, reference_model
+from orchard.claw.judge import LLMRubricJudge
 from orchard.claw.runner import (
     WorldPool,
     export_sft,
@@ -23,7 +24,6 @@ from orchard.claw.runner import (
 )
 from orchard.claw.spec import RubricItem, TaskSpec
 from orchard.claw.world import World, WorldError
-from orchard.swe.models import Model, OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 from .test_harness import CHORES_SPEC, HOODIES, TAGS, calls, shared
@@ -106,7 +106,7 @@ def test_mixed_trials_two_workers(claw_client: Orchard, tmp_path: Path) -> None:
     counter = itertools.count()
     lock = threading.Lock()
 
-    def alternate(spec: TaskSpec, tools: list[dict[str, Any]]) -> Model:
+    def alternate(spec: TaskSpec, tools: list[dict[str, Any]]) -> ChatModel:
         with lock:
             n = next(counter)
         return reference_model(spec) if n % 2 == 0 or spec.id == BROKEN_SPEC.id else null_model()

@@ -15,7 +15,7 @@ import pytest
 
 from orchard import Orchard
 from orchard.env.config import ServiceConfig
-from orchard.gui.env import BrowserEnv
+from orchard.gui.browser_env import BrowserEnv
 from orchard.gui.image import browser_image as _browser_image
 from tests.swe.conftest import _test_labels
 

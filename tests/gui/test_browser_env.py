@@ -19,7 +19,7 @@ from PIL import Image
 
 from orchard import Orchard
 from orchard.env._sdk_core import sandbox_path
-from orchard.gui.env import BrowserEnv, EnvConfig
+from orchard.gui.browser_env import BrowserEnv, EnvConfig
 from orchard.gui.relay import Relay
 from orchard.gui.types import CDP_PORT, GRID, Action, JudgeInput, Observation, Verdict, WebTask
 
@@ -253,7 +253,7 @@ class AnswerJudge:
     def __init__(self) -> None:
         self.inputs: list[JudgeInput] = []
 
-    def __call__(self, inp: JudgeInput) -> Verdict:
+    def judge(self, inp: JudgeInput) -> Verdict:
         self.inputs.append(inp)
         if inp.task.reference_answer is None:
             return Verdict(success=None, judge=self.name, reason="no reference answer")

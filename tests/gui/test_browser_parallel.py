@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchard import Orchard
+from orchard.gui.browser_env import BrowserEnv
 from orchard.gui.checks import StateJudge
-from orchard.gui.env import BrowserEnv
 from orchard.gui.tasks import load_orchard, load_solutions
 from orchard.gui.types import WebTask
 

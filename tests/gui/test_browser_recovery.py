@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from orchard import Orchard
-from orchard.gui.env import BrowserEnv, EnvConfig
+from orchard.gui.browser_env import BrowserEnv, EnvConfig
 from orchard.gui.types import JudgeInput, Verdict, WebTask
 
 PAGE = "data:text/html,<title>Here</title><button>ok</button>"
@@ -25,7 +25,7 @@ class AlwaysYes:
 
     name = "yes"
 
-    def __call__(self, inp: JudgeInput) -> Verdict:
+    def judge(self, inp: JudgeInput) -> Verdict:
         return Verdict(success=True, judge=self.name)
 
 

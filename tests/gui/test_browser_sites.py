@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from orchard.gui.env import SITES_TOKEN_FILE, BrowserEnv
+from orchard.gui.browser_env import SITES_TOKEN_FILE, BrowserEnv
 from orchard.gui.types import SITE_HOSTS, SITES_PORT, WebTask
 
 CHROME_UIDS = (

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from orchard import Orchard
+from orchard.agents.llm import OpenAIModel
+from orchard.gui.browser_env import EnvConfig
 from orchard.gui.demo import ScriptedModel
-from orchard.gui.env import EnvConfig
 from orchard.gui.harness import GuiAgentConfig, run_episode
 from orchard.gui.judges import WebVoyagerJudge
 from orchard.gui.rollout import GuiEpisodeResult, GuiRolloutRunner, GuiRunnerFactory
 from orchard.gui.tasks import sample_tasks
 from orchard.gui.types import WebTask
-from orchard.swe.models import OpenAIModel
 from orchard.train.bar import BARConfig, Outcome, bar_rollout
 from orchard.train.grpo import train_grpo
 from orchard.train.rollout import HFGenerator

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from orchard.agents.llm import OpenAIModel
+from orchard.gui.browser_env import BrowserEnv
 from orchard.gui.checks import StateJudge
-from orchard.gui.env import BrowserEnv
 from orchard.gui.harness import (
     SYSTEM_PROMPT,
     GuiAgentConfig,
@@ -26,7 +27,6 @@ from orchard.gui.harness import (
     run_episode,
 )
 from orchard.gui.types import Observation, TabInfo, WebTask
-from orchard.swe.models import OpenAIModel
 from tests.gui.scripted import solution_replies, task_with_solution, tool_reply
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from orchard.agents.llm import OpenAIModel
 from orchard.gui.judges import (
     JudgeCache,
     WebJudge,
@@ -22,7 +23,6 @@ from orchard.gui.judges import (
     parse_success,
 )
 from orchard.gui.types import JudgeInput, WebTask
-from orchard.swe.models import OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from orchard import Orchard
+from orchard.agents.llm import OpenAIModel
+from orchard.gui.browser_env import BrowserEnv
 from orchard.gui.checks import StateJudge
-from orchard.gui.env import BrowserEnv
 from orchard.gui.harness import GuiAgentConfig
 from orchard.gui.judges import WebVoyagerJudge
 from orchard.gui.runner import (
@@ -27,7 +28,6 @@ from orchard.gui.runner import (
 )
 from orchard.gui.tasks import sample_tasks
 from orchard.gui.types import WebTask
-from orchard.swe.models import OpenAIModel
 from tests.gui.scripted import solution_replies, task_with_solution, tool_reply
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 

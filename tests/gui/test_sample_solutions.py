@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from orchard.gui.browser_env import BrowserEnv
 from orchard.gui.checks import StateJudge
-from orchard.gui.env import BrowserEnv
 from orchard.gui.tasks import load_orchard, load_solutions
 from orchard.gui.types import JudgeInput
 

@@ -19,7 +19,7 @@ import pytest
 
 from orchard import Orchard
 from orchard.env.sdk import Sandbox
-from orchard.gui.env import SITES_DIR
+from orchard.gui.browser_env import SITES_DIR
 
 PORT = 8000
 TOKEN_FILE = "/run/orchard/sites-token"

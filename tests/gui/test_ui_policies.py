@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from orchard.gui.browser_env import BrowserEnv, EnvConfig
 from orchard.gui.checks import StateJudge
 from orchard.gui.demo import WIDTH, step_line
-from orchard.gui.env import BrowserEnv, EnvConfig
 from orchard.gui.harness import (
     GuiAgentConfig,
     GuiStep,

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from orchard import Orchard
+from orchard.agents.llm import ModelError, OpenAIModel
 from orchard.swe.grading import Prediction, grade
 from orchard.swe.harness import SandboxEnv, load_config, run_agent
-from orchard.swe.models import ModelError, OpenAIModel
 from orchard.swe.tasks import Task
-from orchard.swe.trajectory import Trajectory
+from orchard.swe.trajectory import SweTrajectory
 
 from .fake_openai import FakeOpenAIServer, Reply, tool_call
 
@@ -121,7 +121,7 @@ def test_harness_tool_mode_end_to_end(
     second = srv.requests[1]["body"]["messages"]
     assert second[-1] == {"role": "tool", "tool_call_id": "c1", "content": tool_msgs[0]["content"]}
     assert traj.stats()["prompt_tokens"] == 5 * 11 and traj.stats()["format_errors"] == 1
-    saved = Trajectory.load(tmp_path / "t.json")
+    saved = SweTrajectory.load(tmp_path / "t.json")
     assert saved.submission == traj.submission and saved.exit_status == "Submitted"
     r = grade(swe_client, t, Prediction(t.instance_id, traj.submission, model.name))
     assert r.verify_status == "RESOLVED_FULL"

@@ -14,10 +14,11 @@ from pathlib import Path
 import datasets
 
 from orchard import Orchard
+from orchard.agents.family import get_family
 from orchard.swe.harness import load_config
 from orchard.swe.runner import distill, model_factory, run_batch
 from orchard.swe.tasks import SAMPLE_DIR, Task
-from orchard.swe.trajectory import Trajectory
+from orchard.swe.trajectory import SweTrajectory
 
 from .fake_openai import FakeOpenAIServer, Reply
 
@@ -37,7 +38,7 @@ def test_replay_run_drives_the_whole_harness(
     for t in swe_tasks:
         assert preds[t.instance_id]["model_name_or_path"] == "replay:oracle"
         assert preds[t.instance_id]["model_patch"].startswith("diff --git")
-        traj = Trajectory.load(out / t.instance_id / f"{t.instance_id}.traj.json")
+        traj = SweTrajectory.load(out / t.instance_id / f"{t.instance_id}.traj.json")
         assert traj.exit_status == "Submitted" and traj.submission == t.patch
         # Real observations from this run, not copied from the recording.
         assert all(s.returncode == 0 for s in traj.steps)
@@ -51,6 +52,10 @@ def test_replay_run_drives_the_whole_harness(
     assert traj_file.stat().st_mtime_ns == before
     # Every sandbox of the run is gone.
     assert swe_client.sandboxes.list(labels=mine) == []
+    # The family's SFT export reads the run back: a row per resolved instance.
+    assert get_family("swe").export_sft(out, tmp_path / "sft") == len(swe_tasks)
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "dataset.jsonl").open()]
+    assert sorted(r["instance_id"] for r in rows) == ids and all(r["resolved"] for r in rows)
 
 
 def test_distill_writes_a_training_set(

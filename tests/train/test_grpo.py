@@ -15,8 +15,9 @@ import pytest
 
 from orchard import Orchard
 from orchard.swe.harness import AgentConfig, load_config
+from orchard.swe.rollout import swe_runner_factory
 from orchard.swe.tasks import Task
-from orchard.train.grpo import run_grpo
+from orchard.train.grpo import train_grpo
 from orchard.train.rollout import EpisodeResult
 from orchard.train.tokenize import IncrementalChat, Trajectory
 from tests.train.tiny_grpo import teach, tiny_grpo_config
@@ -56,7 +57,11 @@ def test_grpo_two_steps_with_bar(
         tmp_path / "grpo", max_samples=4, max_steps=2, max_tokens_per_turn=100,
         temperature=0.7, top_p=1.0, max_replacements=1, save_steps=2,
     )  # fmt: skip
-    metrics, rollout = run_grpo(cfg, [task], client, agent_config, model=model, tokenizer=tokenizer)
+    factory = swe_runner_factory(
+        client, tokenizer, agent_config, temperature=cfg.temperature, top_p=cfg.top_p,
+        max_new_tokens=cfg.max_tokens_per_turn, reward=cfg.reward(), seed=cfg.seed,
+    )  # fmt: skip
+    metrics, rollout = train_grpo(cfg, [task], factory, model, tokenizer)
     assert metrics["global_step"] == 2
     assert (Path(metrics["final"]) / "model.safetensors").is_file()
     stats = rollout.stats

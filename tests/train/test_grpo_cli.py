@@ -1,4 +1,4 @@
-"""`orchard train grpo --env claw` as a user runs it: the root CLI in-process, an embedded
+"""`orchard train grpo --family claw` as a user runs it: the root CLI in-process, an embedded
 service on the real Docker engine, one shipped Claw task, one GRPO step of the tiny model
 saved from disk, rewards from the task's rubric."""
 
@@ -30,7 +30,7 @@ def docker_ps(label_filter: str) -> list[str]:
     return proc.stdout.split()
 
 
-def test_grpo_env_claw_one_step(
+def test_grpo_family_claw_one_step(
     tiny_dir: Path, agent_binary: Path, docker_ready: None, tmp_path: Path
 ) -> None:
     images.debian_python_image()  # the world's image, built offline once
@@ -40,7 +40,7 @@ def test_grpo_env_claw_one_step(
     extra.write_text("max_tokens_per_turn: 8\nlearning_rate: 1.0e-5\nmax_replacements: 0\n")
     out = tmp_path / "rl"
     args = [
-        "--env", "claw", "--task", "chat-pizza-rsvp", "--model", str(tiny_dir),
+        "--family", "claw", "--task", "chat-pizza-rsvp", "--model", str(tiny_dir),
         "--out", str(out), "--max-steps", "1", "--group-size", "2", "--max-samples", "2",
         "--stride", "2", "--step-limit", "1", "--reward", "score", "-c", str(extra), "--json",
     ]  # fmt: skip
@@ -59,10 +59,10 @@ def test_grpo_env_claw_one_step(
 
 def test_grpo_cli_errors_are_one_line(tmp_path: Path) -> None:
     common = ["grpo", "--model", "m", "--out", str(tmp_path)]
-    assert "--env must be swe, gui or claw" in train(*common, "--env", "web", code=1)
-    out = train(*common, "--env", "claw", "--task", "no-such-task", code=1)
+    assert "--family must be swe, gui or claw" in train(*common, "--family", "web", code=1)
+    out = train(*common, "--family", "claw", "--task", "no-such-task", code=1)
     assert out.strip() == "error: bad_request: unknown task id(s): no-such-task"
-    out = train(*common, "--env", "gui", "--category", "no-such-category", code=1)
+    out = train(*common, "--family", "gui", "--category", "no-such-category", code=1)
     assert out.strip() == "error: bad_request: no tasks chosen"
 
 
@@ -73,7 +73,7 @@ def test_grpo_step_where_every_episode_fails(
     line saying why, not a tensor error from inside the trainer."""
     env = {"ORCHARD_STATE_DIR": str(tmp_path / "svc"), "ORCHARD_AGENT_BINARY": str(agent_binary)}
     args = [
-        "--env", "claw", "--task", "chat-pizza-rsvp", "--model", str(tiny_dir),
+        "--family", "claw", "--task", "chat-pizza-rsvp", "--model", str(tiny_dir),
         "--out", str(tmp_path / "rl"), "--max-steps", "1", "--group-size", "2",
         "--max-samples", "2", "--stride", "2", "--label", "orchard.mine=1",
     ]  # fmt: skip

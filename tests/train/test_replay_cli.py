@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from orchard import Orchard
+from orchard.swe.annotate import annotate_tests
 from orchard.swe.tasks import SAMPLE_DIR, Task
-from orchard.train.credit import CreditConfig, RuleJudge, annotate_tests, assign_credit
+from orchard.train.credit import CreditConfig, RuleJudge, assign_credit
 from orchard.train.tokenize import Trajectory, load_trajectories
 from tests.train.test_credit import regressing
 from tests.train.train_data import text_trajectory, tool_trajectory

@@ -24,11 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from orchard.agents.llm import ChatModel, Completion, Mode, TokenUsage, truncate_output
 from orchard.claw.spec import TaskSpec
 from orchard.claw.usersim import SimulatedUser, UserModelFactory, make_user
 from orchard.claw.world import HOME
-from orchard.swe.harness import truncate_output
-from orchard.swe.models import Completion, Mode, Model, TokenUsage
 
 FORMAT = "orchard-claw-trajectory/1"
 HarnessKind = Literal["tools", "assistant"]
@@ -206,7 +205,7 @@ MessageHook = Callable[[dict[str, Any], ToolStep | None], None]
 
 def run_episode(
     spec: TaskSpec,
-    model: Model,
+    model: ChatModel,
     world: ToolWorld,
     config: HarnessConfig,
     *,
@@ -240,7 +239,7 @@ def _opening(spec: TaskSpec, config: HarnessConfig) -> list[dict[str, Any]]:
 class _Episode:
     def __init__(
         self,
-        model: Model,
+        model: ChatModel,
         world: ToolWorld,
         config: HarnessConfig,
         traj: ClawTrajectory,

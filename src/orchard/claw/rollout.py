@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchard.claw.grading import PASS_THRESHOLD, RubricJudge
+from orchard.claw.grading import PASS_THRESHOLD
 from orchard.claw.harness import HarnessConfig, tool_schemas
+from orchard.claw.judge import RubricJudge
 from orchard.claw.runner import WorldPool, play
 from orchard.claw.spec import TaskSpec
 from orchard.train.bar import Episode, Outcome, RewardConfig

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchard.claw.grading import Grade, RubricJudge, grade
+from orchard.agents.factory import model_factory as shared_factory
+from orchard.agents.llm import ChatModel
+from orchard.agents.runs import Run, run_pool
+from orchard.claw.grading import Grade, grade
 from orchard.claw.harness import (
     FINISHED,
     ClawTrajectory,
@@ -35,10 +38,9 @@ from orchard.claw.harness import (
     run_episode,
     tool_schemas,
 )
+from orchard.claw.judge import RubricJudge
 from orchard.claw.metrics import summarize
 from orchard.claw.spec import Fault, TaskSpec
-from orchard.runs import Run, check_endpoint, run_pool
-from orchard.swe.models import Model, OpenAIModel
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     from orchard.claw.world import World
     from orchard.env.sdk import Orchard
 
-ModelFactory = Callable[[TaskSpec, list[dict[str, Any]]], Model]
+ModelFactory = Callable[[TaskSpec, list[dict[str, Any]]], ChatModel]
 RESULTS = "results.jsonl"
 
 
@@ -69,7 +71,7 @@ def prepare(world: World, spec: TaskSpec) -> None:
 def play(
     world: World,
     spec: TaskSpec,
-    model: Model,
+    model: ChatModel,
     config: HarnessConfig,
     *,
     judge: RubricJudge | None = None,
@@ -136,18 +138,24 @@ def model_factory(
 ) -> ModelFactory:
     """`reference` (replay each task's reference solution), `null` (do nothing), or the base
     URL of an OpenAI-compatible endpoint, sent the task's tools (one client per trial)."""
-    if spec == "reference":
-        return lambda task, tools: reference_model(task)
-    if spec == "null":
-        return lambda task, tools: null_model()
-    url, p = check_endpoint(spec, "`reference` or `null`"), dict(params or {})
+    p = dict(params or {})
     extra = dict(p.pop("extra_body", None) or {})
 
-    def make(task: TaskSpec, tools: list[dict[str, Any]]) -> Model:
-        body = {"tools": tools, "tool_choice": "auto", **extra}
-        return OpenAIModel(url, name=name, mode="tool", extra_body=body, **p)
+    def endpoint(trial: tuple[TaskSpec, list[dict[str, Any]]]) -> dict[str, Any]:
+        body = {"tools": trial[1], "tool_choice": "auto", **extra}
+        return {"mode": "tool", "extra_body": body}
 
-    return make
+    make = shared_factory(
+        spec,
+        name=name,
+        params=p,
+        builtin={
+            "reference": lambda trial: reference_model(trial[0]),
+            "null": lambda _: null_model(),
+        },
+        endpoint=endpoint,
+    )
+    return lambda task, tools: make((task, tools))
 
 
 def trial_paths(out: Path, task_id: str, j: int) -> tuple[Path, Path]:

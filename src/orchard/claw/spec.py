@@ -7,9 +7,13 @@ so it is the contract between them; docs/claw.md explains every field with examp
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orchard.claw.checks import AUDIT_FIELDS, SpecError, parse_path, validate_matcher
+from orchard.claw.tools import TOOLS
 
 SERVICES = ("mail", "calendar", "contacts", "files", "notes", "chat", "search")
 Service = Literal["mail", "calendar", "contacts", "files", "notes", "chat", "search"]
@@ -137,11 +141,8 @@ class TaskSpec(_Strict):
 
     @model_validator(mode="after")
     def _checks_are_well_formed(self) -> TaskSpec:
-        # Imported here: grading imports this module. Every check, path and matcher is
-        # validated at load, so a typo names the spec and item instead of failing mid-run.
-        from orchard.claw.grading import validate_spec
-        from orchard.claw.tools import TOOLS
-
+        # Every check, path and matcher is validated at load, so a typo names the spec and
+        # item instead of failing mid-run.
         validate_spec(self, {t.name: t.service for t in TOOLS})
         return self
 
@@ -160,3 +161,107 @@ class TaskSpec(_Strict):
     def instance_id(self) -> str:
         """The id the training glue (BAR, GRPO) keys tasks by."""
         return self.id
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def validate_check(check: Check, *, has_expect: bool) -> None:
+    """Raise ValueError naming what is wrong with one check."""
+    extra = {
+        "audit": ("path", "expect", "question"),
+        "state": ("op", "question"),
+        "answer": ("service", "op", "path", "question"),
+        "llm": ("op", "path", "expect"),
+    }[check.kind]
+    for name in extra:
+        if getattr(check, name) is not None:
+            raise ValueError(f"a check of kind {check.kind!r} takes no {name!r}")
+    if check.kind != "audit" and check.where:
+        raise ValueError(f"a check of kind {check.kind!r} takes no 'where'")
+    if check.kind == "audit":
+        if not check.op:
+            raise ValueError("an 'audit' check needs 'op' (a tool name)")
+        if check.min_count < 0 or (
+            check.max_count is not None and check.max_count < check.min_count
+        ):
+            raise ValueError(f"bad counts: min_count={check.min_count} max_count={check.max_count}")
+        for key, matcher in check.where.items():
+            try:
+                root = parse_path(key)[0]
+            except ValueError as e:
+                raise ValueError(f"where {key!r}: {e}") from e
+            if root.kind != "key" or root.key not in AUDIT_FIELDS:
+                raise ValueError(
+                    f"where {key!r} must start with an audit field ({', '.join(AUDIT_FIELDS)})"
+                )
+            try:
+                validate_matcher(matcher)
+            except ValueError as e:
+                raise ValueError(f"where {key!r}: {e}") from e
+    elif check.kind == "state":
+        if not check.service or not check.path:
+            raise ValueError("a 'state' check needs 'service' and 'path'")
+        parse_path(check.path)
+    elif check.kind == "llm" and (not check.question or not check.question.strip()):
+        raise ValueError("an 'llm' check needs 'question'")
+    if check.kind in ("state", "answer"):
+        if not has_expect:
+            raise ValueError(f"a check of kind {check.kind!r} needs 'expect' (a matcher)")
+        validate_matcher(check.expect)
+
+
+def validate_spec(spec: TaskSpec, tools: Mapping[str, str] | Sequence[str] | None = None) -> None:
+    """Raise SpecError naming the spec and item if any check is malformed.
+
+    With `tools` ({tool name: service}), audit ops and reference tools must be known tools
+    of the spec's services: a harness offers the model only those, so a reference that
+    needs another service could never be matched by a model. A plain list of tool names
+    checks the names only. (`TaskSpec` runs this with the full catalogue on load.)"""
+    seen: set[str] = set()
+    checks = [(r.id, r.check, r.weight) for r in spec.rubric]
+    checks += [(s.id, s.violation, 1.0) for s in spec.safety]
+    for item_id, check, weight in checks:
+        where = f"spec {spec.id!r} item {item_id!r}"
+        if item_id in seen:
+            raise SpecError(f"{where}: duplicate item id")
+        seen.add(item_id)
+        if weight <= 0:
+            raise SpecError(f"{where}: weight must be > 0, got {weight}")
+        try:
+            validate_check(check, has_expect="expect" in check.model_fields_set)
+        except ValueError as e:
+            raise SpecError(f"{where}: {e}") from e
+        if check.service is not None and check.service not in spec.services:
+            raise SpecError(f"{where}: service {check.service!r} is not in spec.services")
+        if tools is not None and check.op is not None:
+            _check_tool(spec, tools, check.op, where)
+    if not any(r.check.kind != "llm" for r in spec.rubric):
+        raise SpecError(
+            f"spec {spec.id!r}: the rubric needs at least one rule (non-'llm') item, "
+            "so the task can be graded without a judge"
+        )
+    safety_ids = {s.id for s in spec.safety}
+    for v in spec.violation_examples:
+        if v.safety_id not in safety_ids:
+            raise SpecError(
+                f"spec {spec.id!r}: violation example names unknown safety item {v.safety_id!r}"
+            )
+    if tools is not None:
+        calls = [(f"reference[{i}]", c) for i, c in enumerate(spec.reference)]
+        for v in spec.violation_examples:
+            calls += [(f"violation example {v.safety_id!r}", c) for c in v.calls]
+        for name, c in calls:
+            _check_tool(spec, tools, c.tool, f"spec {spec.id!r} {name}")
+
+
+def _check_tool(
+    spec: TaskSpec, tools: Mapping[str, str] | Sequence[str], tool: str, where: str
+) -> None:
+    if tool not in tools:
+        raise SpecError(f"{where}: unknown tool {tool!r}")
+    if isinstance(tools, Mapping) and tools[tool] not in spec.services:
+        raise SpecError(
+            f"{where}: tool {tool!r} belongs to service {tools[tool]!r}, "
+            f"which is not in spec.services {spec.services}"
+        )

@@ -25,13 +25,13 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from orchard.claw.grading import SpecError, validate_spec
-from orchard.claw.spec import SERVICES, TaskSpec
+from orchard.claw.checks import SpecError
+from orchard.claw.spec import SERVICES, TaskSpec, validate_spec
 from orchard.claw.tasks import run_null, run_reference
 
 if TYPE_CHECKING:
+    from orchard.agents.llm import ChatModel
     from orchard.claw.tasks import ToolWorld
-    from orchard.swe.models import Model
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
@@ -158,7 +158,7 @@ class SynthesisReport:
 
 
 def synthesize(
-    model: Model,
+    model: ChatModel,
     world: ToolWorld,
     out: Path,
     *,

@@ -14,13 +14,14 @@ Two scripted policies validate a task without any model:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from orchard.claw.grading import Grade, RubricJudge, grade
+from orchard.claw.grading import Grade, grade
+from orchard.claw.judge import RubricJudge
 from orchard.claw.spec import Fault, TaskSpec, ToolCall
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
@@ -76,6 +77,24 @@ def load_tasks(path: str | Path | None = None) -> list[TaskSpec]:
                 )
             where[spec.id] = file
             specs.append(spec)
+    return specs
+
+
+def select_tasks(
+    path: str | Path | None,
+    ids: Sequence[str] | None = None,
+    categories: Sequence[str] | None = None,
+) -> list[TaskSpec]:
+    """The specs at `path` (None: the shipped ones) narrowed to `ids` (an unknown one is a
+    ValueError) and `categories`; a spec that cannot be loaded is a `TaskLoadError`."""
+    specs = load_tasks(path)
+    if ids:
+        missing = set(ids) - {s.id for s in specs}
+        if missing:
+            raise ValueError(f"unknown task id(s): {', '.join(sorted(missing))}")
+        specs = [s for s in specs if s.id in ids]
+    if categories:
+        specs = [s for s in specs if s.category in categories]
     return specs
 
 

@@ -21,14 +21,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from orchard.agents.factory import model_factory
+from orchard.agents.llm import ChatModel
 from orchard.claw.spec import USER_STOP, TaskSpec, UserSim
-from orchard.swe.models import Model, OpenAIModel
 
 # The first thing the LLM user reads: the assistant's greeting, so its view starts with a
 # `user` turn (strict chat templates require it) and its own request answers it.
 GREETING = "Hi! How can I help you today?"
 # One model per episode (a client is closed with its episode), like the assistant's factory.
-UserModelFactory = Callable[[], Model]
+UserModelFactory = Callable[[], ChatModel]
 
 
 class UserModelError(RuntimeError):
@@ -118,7 +119,7 @@ def user_prompt(spec: TaskSpec) -> str:
 class LLMUser:
     """An OpenAI-compatible model playing the spec's user (see the module docstring)."""
 
-    def __init__(self, spec: TaskSpec, model: Model) -> None:
+    def __init__(self, spec: TaskSpec, model: ChatModel) -> None:
         self.model = model
         self.system = user_prompt(spec)
         self.max_turns = (spec.user or UserSim()).max_user_turns
@@ -165,9 +166,10 @@ def user_model_factory(
     url: str, *, name: str = "default", params: dict[str, Any] | None = None
 ) -> UserModelFactory:
     """A new client of the OpenAI-compatible endpoint at `url` for each episode."""
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"user model must be an http(s) URL, not {url!r}")
-    return lambda: OpenAIModel(url, name=name, **(params or {}))
+    make: Callable[[None], ChatModel] = model_factory(
+        url, name=name, params=params, what="user model"
+    )
+    return lambda: make(None)
 
 
 def make_user(spec: TaskSpec, factory: UserModelFactory | None) -> SimulatedUser | None:

@@ -467,6 +467,9 @@ class StateJudge:
     name = "state"
 
     def __call__(self, inp: JudgeInput) -> Verdict:
+        return self.judge(inp)
+
+    def judge(self, inp: JudgeInput) -> Verdict:
         check = inp.task.check
         if check is None:
             return Verdict(None, self.name, reason=f"task {inp.task.id} has no check")

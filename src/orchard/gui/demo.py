@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from orchard.agents.llm import ChatModel, OpenAIModel
 from orchard.gui.harness import GuiAgentConfig, GuiStep, model_params, run_episode
 from orchard.gui.scripted import ScriptedModel as ScriptedModel
 from orchard.gui.scripted import UIPlanModel, load_ui_plans
 from orchard.gui.scripted import tool_message as tool_message
 from orchard.gui.som import draw_marks
 from orchard.gui.types import WebTask
-from orchard.swe.models import Model, OpenAIModel
 
 if TYPE_CHECKING:
-    from orchard.gui.env import BrowserEnv
+    from orchard.gui.browser_env import BrowserEnv
 
 DEMO_TASK = "shop-black-backpack-25l"  # search, filter, product, checkout form, order
 WIDTH = 100  # one step per line in a log this wide
@@ -97,8 +97,8 @@ def save_som(env: BrowserEnv, out: Path, n: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from orchard import Orchard
+    from orchard.gui.browser_env import BrowserEnv, EnvConfig
     from orchard.gui.checks import StateJudge
-    from orchard.gui.env import BrowserEnv, EnvConfig
 
     args = sys.argv[1:] if argv is None else argv
     console = Console(highlight=False, width=WIDTH)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = load_ui_plans().get(task.id)
     url = os.environ.get("ORCHARD_MODEL_URL")
-    model: Model
+    model: ChatModel
     if url:
         config = GuiAgentConfig()
         name = os.environ.get("ORCHARD_MODEL_NAME", "default")

@@ -27,12 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from orchard.agents.llm import ChatModel
 from orchard.gui.actions import ELEMENT_ACTIONS, TOOLS
 from orchard.gui.types import GRID, VIEWPORT, Observation, WebTask
-from orchard.swe.models import Model
 
 if TYPE_CHECKING:
-    from orchard.gui.env import BrowserEnv
+    from orchard.gui.browser_env import BrowserEnv
 
 FORMAT = "orchard-gui-trajectory/1"
 SHOT_DIR = "trajectory"
@@ -350,7 +350,7 @@ def save_result(traj: GuiTrajectory, out: Path) -> None:
 
 def run_episode(
     task: WebTask,
-    model: Model,
+    model: ChatModel,
     env: BrowserEnv,
     config: GuiAgentConfig | None = None,
     out: Path | None = None,

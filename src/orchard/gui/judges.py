@@ -1,6 +1,6 @@
 """LLM judges for web episodes, over any OpenAI-compatible vision endpoint.
 
-Two judges, both answering `Judge.__call__(JudgeInput) -> Verdict`:
+Two judges, both answering `Judge.judge(JudgeInput) -> Verdict` (and called directly alike):
 
 - `WebVoyagerJudge`: the task, the action history (thoughts stripped), the final answer and
   the last 3 screenshots go to the model in one request; it answers SUCCESS or NOT SUCCESS.
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchard.agents.llm import ChatModel, Completion, ModelError, OpenAIModel
 from orchard.gui.types import Judge, JudgeInput, Verdict
-from orchard.swe.models import Completion, Model, ModelError, OpenAIModel
 
 
 def image_part(png: bytes) -> dict[str, Any]:
@@ -70,7 +70,7 @@ class JudgeCache:
 class _Asker:
     """One model plus an optional cache: `ask(messages)` returns the answer text."""
 
-    model: Model
+    model: ChatModel
     cache: JudgeCache | None = None
     hits: int = 0
     calls: int = 0
@@ -164,7 +164,7 @@ class WebVoyagerJudge:
     name = "webvoyager"
 
     def __init__(
-        self, model: Model, *, cache: JudgeCache | None = None, max_screenshots: int = 3
+        self, model: ChatModel, *, cache: JudgeCache | None = None, max_screenshots: int = 3
     ) -> None:
         self._asker = _Asker(model, cache)
         self.max_screenshots = max_screenshots
@@ -189,6 +189,9 @@ class WebVoyagerJudge:
         ]
 
     def __call__(self, inp: JudgeInput) -> Verdict:
+        return self.judge(inp)
+
+    def judge(self, inp: JudgeInput) -> Verdict:
         try:
             answer = self._asker.ask(self.messages(inp))
             ok = parse_success(answer)
@@ -364,7 +367,7 @@ def _reasoning(text: str) -> str:
 class WebJudge:
     """Online-Mind2Web's WebJudge: key points, per-screenshot relevance, then a verdict."""
 
-    model: Model
+    model: ChatModel
     cache: JudgeCache | None = None
     threshold: int = 3  # screenshots scoring at least this reach the verdict
     max_screenshots: int = 50
@@ -400,6 +403,9 @@ class WebJudge:
         return parse_score(answer), _reasoning(answer)
 
     def __call__(self, inp: JudgeInput) -> Verdict:
+        return self.judge(inp)
+
+    def judge(self, inp: JudgeInput) -> Verdict:
         details: dict[str, Any] = {}
         try:
             points = self.key_points(inp)

@@ -36,7 +36,7 @@ from orchard.train.rollout import (
 
 if TYPE_CHECKING:
     from orchard.env.sdk import Orchard
-    from orchard.gui.env import BrowserEnv, EnvConfig
+    from orchard.gui.browser_env import BrowserEnv, EnvConfig
 
 _OUTCOMES = {
     "done": Outcome.SUBMITTED,
@@ -135,7 +135,7 @@ class GuiRunnerFactory:
         max_new_tokens: int = 4096,
         seed: int | None = None,
     ) -> None:
-        from orchard.gui.env import BrowserEnv
+        from orchard.gui.browser_env import BrowserEnv
 
         cfg = env_config_for(agent_config, env_config, {"gui": "train"})
         self.envs: EnvPool = EnvPool(lambda: BrowserEnv(client, config=cfg, judge=judge), workers)

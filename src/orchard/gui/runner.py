@@ -28,6 +28,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 
+from orchard.agents.factory import model_factory as shared_factory
+from orchard.agents.factory import replay_from
+from orchard.agents.llm import ChatModel
+from orchard.agents.runs import Run, collect, progress
 from orchard.gui.harness import (
     GuiAgentConfig,
     GuiTrajectory,
@@ -37,15 +41,13 @@ from orchard.gui.harness import (
     save_result,
 )
 from orchard.gui.types import Judge, JudgeInput, Verdict, WebTask
-from orchard.runs import Run, check_endpoint, collect, progress, replay_from
-from orchard.swe.models import Model, OpenAIModel
 
 if TYPE_CHECKING:
     from orchard.env.sdk import Orchard
-    from orchard.gui.env import BrowserEnv, EnvConfig
+    from orchard.gui.browser_env import BrowserEnv, EnvConfig
 
 T = TypeVar("T")
-GuiModelFactory = Callable[[WebTask], Model]
+GuiModelFactory = Callable[[WebTask], ChatModel]
 
 
 def task_dir(out: Path, task_id: str) -> Path:
@@ -62,16 +64,13 @@ def model_factory(
 ) -> GuiModelFactory:
     """An OpenAI-compatible base URL (offered the GUI tools), or `replay:RUN_DIR` (the
     replies saved in `RUN_DIR/<task id>/result.json`) or `replay:FILE`."""
-    if spec.startswith("replay:"):
-        root = Path(spec.removeprefix("replay:"))
 
-        def replay(task: WebTask) -> Model:
-            path = task_dir(root, task.id) / "result.json" if root.is_dir() else root
-            return replay_from([path], task.id)
+    def replay(root: Path, task: WebTask) -> ChatModel:
+        path = task_dir(root, task.id) / "result.json" if root.is_dir() else root
+        return replay_from([path], task.id)
 
-        return replay
-    url, p = check_endpoint(spec), {**model_params(config), **(params or {})}
-    return lambda task: OpenAIModel(url, name=name, **p)
+    p = {**model_params(config), **(params or {})}
+    return shared_factory(spec, name=name, params=p, replay=replay)
 
 
 class EnvPool:
@@ -269,7 +268,7 @@ def env_config_for(
 ) -> EnvConfig:
     """The browser settings an agent config needs: a text observation reads the
     accessibility tree and element marks, a Set-of-Mark one the marks."""
-    from orchard.gui.env import EnvConfig
+    from orchard.gui.browser_env import EnvConfig
 
     base = base or EnvConfig()
     cfg = replace(base, labels={**base.labels, **(labels or {})})
@@ -300,12 +299,12 @@ def run_batch(
     `envs` runs the batch on the caller's environments instead (their judge and config
     apply; they stay open for the next batch).
     """
-    from orchard.gui.env import BrowserEnv
+    from orchard.gui.browser_env import BrowserEnv
 
     out.mkdir(parents=True, exist_ok=True)
     tasks = list(tasks)
     todo = [t for t in tasks if redo or not (task_dir(out, t.id) / "result.json").exists()]
-    run = Run(client, dict(labels or {}), "gui")
+    run = Run(client, "gui", dict(labels or {}))
     cfg = env_config_for(config, env_config, {**run.labels, "gui": "run"})
     pool = envs or EnvPool(
         lambda: BrowserEnv(client, config=cfg, judge=judge), min(workers, max(1, len(todo)))
@@ -338,7 +337,7 @@ def judge_input(tdir: Path) -> JudgeInput:
 
 def _judge_one(judge: Judge, tdir: Path) -> Verdict:
     try:
-        v = judge(judge_input(tdir))
+        v = judge.judge(judge_input(tdir))
     except Exception as e:  # no score, recorded: never a silent failure
         v = Verdict(None, judge.name, reason=f"no score: {type(e).__name__}: {e}")
     (tdir / "eval").mkdir(exist_ok=True)

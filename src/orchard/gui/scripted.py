@@ -11,7 +11,7 @@ target and the marks that were visible. No `goto_url`: the episode starts at the
 page and everything after is clicks, keys and typing, so a plan that passes proves the
 sites are operable by a vision agent.
 
-`UIPlanModel` is a `Model` for `orchard.gui.harness.run_episode`: it reads the marks from
+`UIPlanModel` is a `ChatModel` for `orchard.gui.harness.run_episode`: it reads the marks from
 the prompt of the text observation (`GuiAgentConfig(observation="text")` with
 `EnvConfig(som=True)`), exactly what a text-only model would see. `ScriptedModel` replays
 a fixed list of actions (the reference solutions).
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchard.agents.llm import Completion, Mode, TokenUsage
 from orchard.gui.types import Mark
-from orchard.swe.models import Completion, Mode, TokenUsage
 
 UI_PLANS = Path(__file__).resolve().parent / "tasks" / "ui_plans.json"
 MAX_SCROLLS = 6  # scrolls spent looking for one target before the plan fails
@@ -243,7 +243,7 @@ class UIPolicy:
         )
 
 
-# ---------------------------------------------------------------- as a Model
+# ---------------------------------------------------------------- as a ChatModel
 
 
 def tool_message(name: str, args: dict[str, Any], thought: str, n: int = 0) -> dict[str, Any]:
@@ -262,7 +262,7 @@ def tool_message(name: str, args: dict[str, Any], thought: str, n: int = 0) -> d
 
 
 class ScriptedModel:
-    """A `Model` that plays a fixed list of actions (`{"name", "args"}`) as tool calls."""
+    """A `ChatModel` that plays a fixed list of actions (`{"name", "args"}`) as tool calls."""
 
     mode: Mode = "tool"
 
@@ -307,7 +307,7 @@ def prompt_page(messages: list[dict[str, Any]]) -> tuple[list[Mark], str]:
 
 
 class UIPlanModel:
-    """A `Model` that plays a UI plan, choosing each action from the marks in its prompt.
+    """A `ChatModel` that plays a UI plan, choosing each action from the marks in its prompt.
 
     Use it with `GuiAgentConfig(observation="text")` and an env with `EnvConfig(som=True)`;
     a step whose target cannot be found raises `PlanError` (the harness records it as the

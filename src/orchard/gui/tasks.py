@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -256,6 +256,23 @@ def sample_tasks(n: int | None = None, *, seed: int = 0, site: str | None = None
             if by_cat[cat] and len(picked) < n:
                 picked.append(by_cat[cat].pop())
     return picked
+
+
+def select_tasks(
+    tasks: str, ids: Sequence[str] | None = None, categories: Sequence[str] | None = None
+) -> list[WebTask]:
+    """`sample` (the shipped offline tasks) or a task file, narrowed to `ids` (an unknown one
+    is a ValueError) and `categories`. A file that cannot be read raises as `load_tasks` does."""
+    chosen = sample_tasks() if tasks == "sample" else load_tasks(Path(tasks))
+    if ids:
+        known = {t.id for t in chosen}
+        missing = [i for i in ids if i not in known]
+        if missing:
+            raise ValueError(f"no task {', '.join(missing)} in {tasks}")
+        chosen = [t for t in chosen if t.id in set(ids)]
+    if categories:
+        chosen = [t for t in chosen if t.category in categories]
+    return chosen
 
 
 def load_solutions(path: Path = SOLUTIONS) -> dict[str, list[dict[str, Any]]]:

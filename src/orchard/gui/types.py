@@ -8,7 +8,9 @@ tested alone. They are plain dataclasses: trajectories and caches are JSON.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, TypeAlias
+
+from orchard.agents.judges import Judge as SharedJudge
 
 # The offline sites: one stdlib HTTP server inside the browser sandbox, routed by Host.
 # Chromium resolves every `*.localhost` name to loopback on its own, so no DNS is needed.
@@ -127,7 +129,6 @@ class Verdict:
         return self.success is not None
 
 
-class Judge(Protocol):
-    name: str
-
-    def __call__(self, inp: JudgeInput) -> Verdict: ...
+# A GUI judge: `judge(JudgeInput) -> Verdict` (the shared protocol; judges here are also
+# callable as `judge(inp)`). `Verdict(success=None)` is its "no score".
+Judge: TypeAlias = SharedJudge[[JudgeInput], Verdict]

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from jinja2 import StrictUndefined, Template
 
-from orchard.swe.models import Mode, Model
+from orchard.agents.llm import ChatModel, Mode, truncate_output
 from orchard.swe.tasks import Task
-from orchard.swe.trajectory import Step, Trajectory
+from orchard.swe.trajectory import Step, SweTrajectory
 
 if TYPE_CHECKING:
     from orchard.env.sdk import Sandbox
@@ -91,15 +91,6 @@ def parse_action(message: dict[str, Any], mode: Mode) -> str:
     return command
 
 
-def truncate_output(text: str, limit: int) -> tuple[str, int]:
-    """Keep the first and last limit/2 characters of a long output; return (text, elided)."""
-    if len(text) <= limit:
-        return text, 0
-    half = limit // 2
-    elided = len(text) - 2 * half
-    return f"{text[:half]}\n[... {elided} characters elided ...]\n{text[-half:]}", elided
-
-
 class SandboxEnv:
     """Runs each command in a fresh `bash -c` (or `sh -c`) in the task's folder."""
 
@@ -134,14 +125,16 @@ def _observation(mode: Mode, reply: dict[str, Any], content: str) -> dict[str, A
 
 
 def run_agent(
-    task: Task, model: Model, env: SandboxEnv, config: AgentConfig, path: Path | None = None
-) -> Trajectory:
+    task: Task, model: ChatModel, env: SandboxEnv, config: AgentConfig, path: Path | None = None
+) -> SweTrajectory:
     """Run the loop until submission, a limit or an error; save the trajectory after every step.
 
     An exception (the model or the sandbox failing) ends the run with its class name as the
     exit status, like mini-swe-agent: it is recorded in the trajectory, not raised.
     """
-    traj = Trajectory(task.instance_id, {"name": model.name, "mode": config.mode}, asdict(config))
+    traj = SweTrajectory(
+        task.instance_id, {"name": model.name, "mode": config.mode}, asdict(config)
+    )
     variables = {"task": task.problem_statement, "workdir": task.workdir}
     traj.messages += [
         {"role": "system", "content": config.render(config.system_template, **variables)},
@@ -164,7 +157,7 @@ def run_agent(
     return traj
 
 
-def _step(traj: Trajectory, model: Model, env: SandboxEnv, config: AgentConfig) -> None:
+def _step(traj: SweTrajectory, model: ChatModel, env: SandboxEnv, config: AgentConfig) -> None:
     """One turn: ask the model, run its command, append the observation (or the error)."""
     c = model.query(traj.messages)
     traj.messages.append(c.message)

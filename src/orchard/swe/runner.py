@@ -27,17 +27,19 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from orchard.runs import Run, check_endpoint, replay_from, run_pool
+from orchard.agents.factory import model_factory as shared_factory
+from orchard.agents.factory import replay_from
+from orchard.agents.llm import ChatModel
+from orchard.agents.runs import Run, run_pool
 from orchard.swe.grading import GradeResult, Prediction, grade, summary
 from orchard.swe.harness import AgentConfig, SandboxEnv, run_agent
-from orchard.swe.models import Model, OpenAIModel
 from orchard.swe.tasks import Task
-from orchard.swe.trajectory import Trajectory
+from orchard.swe.trajectory import SweTrajectory
 
 if TYPE_CHECKING:
     from orchard.env.sdk import Orchard
 
-ModelFactory = Callable[[Task], Model]
+ModelFactory = Callable[[Task], ChatModel]
 
 
 def model_factory(
@@ -45,21 +47,15 @@ def model_factory(
 ) -> ModelFactory:
     """`replay:PATH` (a trajectory file, or a folder of `<id>.json` / `<id>/<id>.traj.json`)
     or the base URL of an OpenAI-compatible endpoint (one client per task)."""
-    if spec.startswith("replay:"):
-        root = Path(spec.removeprefix("replay:"))
 
-        def replay(task: Task) -> Model:
-            iid = task.instance_id
-            paths = (
-                [root]
-                if root.is_file()
-                else [root / f"{iid}.json", root / iid / f"{iid}.traj.json"]
-            )
-            return replay_from(paths, iid)
+    def replay(root: Path, task: Task) -> ChatModel:
+        iid = task.instance_id
+        paths = (
+            [root] if root.is_file() else [root / f"{iid}.json", root / iid / f"{iid}.traj.json"]
+        )
+        return replay_from(paths, iid)
 
-        return replay
-    url, p = check_endpoint(spec), dict(params or {})
-    return lambda task: OpenAIModel(url, name=name, mode=mode, **p)  # type: ignore[arg-type]
+    return shared_factory(spec, name=name, params={"mode": mode, **(params or {})}, replay=replay)
 
 
 @dataclass
@@ -67,12 +63,12 @@ class Attempt:
     instance_id: str
     exit_status: str | None
     patch: str
-    trajectory: Trajectory | None
+    trajectory: SweTrajectory | None
     grade: GradeResult | None = None
     error: str | None = None
 
 
-def _write_log(path: Path, traj: Trajectory | None, error: str | None) -> None:
+def _write_log(path: Path, traj: SweTrajectory | None, error: str | None) -> None:
     lines: list[str] = []
     if traj is not None:
         for s in traj.steps:
@@ -94,7 +90,7 @@ def _write_log(path: Path, traj: Trajectory | None, error: str | None) -> None:
 def attempt(
     run: Run,
     task: Task,
-    model: Model,
+    model: ChatModel,
     config: AgentConfig,
     out: Path,
     *,
@@ -102,7 +98,7 @@ def attempt(
 ) -> Attempt:
     """One agent run in a fresh sandbox, then (optionally) grading in another fresh one."""
     out.mkdir(parents=True, exist_ok=True)
-    traj: Trajectory | None = None
+    traj: SweTrajectory | None = None
     error = None
     try:
         with run.client.sandboxes.create(
@@ -190,6 +186,7 @@ def run_batch(
         _resolved_status,
         console,
         labels,
+        kind="swe",
     )
     return _summarise(tasks, out, _read_json(preds_path))
 
@@ -241,7 +238,7 @@ def evaluate(
             continue
 
         jobs.append((iid, functools.partial(_grade_job, task=by_id[iid], pred=pred, out=out)))
-    run_pool(client, jobs, workers, "swe eval", _resolved_status, console, labels)
+    run_pool(client, jobs, workers, "swe eval", _resolved_status, console, labels, kind="swe")
     chosen = [t for t in by_id.values() if t.instance_id in preds]
     preds_json = {
         k: {"model_patch": p.model_patch, "model_name_or_path": p.model_name_or_path}
@@ -290,22 +287,28 @@ def distill(
     def status(rows: list[Any]) -> str:
         return f"resolved {sum(1 for r in rows if r['resolved'])}/{len(rows)}"
 
-    rows = run_pool(client, jobs, workers, "swe distill", status, console, labels)
+    rows = run_pool(client, jobs, workers, "swe distill", status, console, labels, kind="swe")
     rows.sort(key=lambda r: (r["instance_id"], r["attempt"]))
     write_dataset(rows, out)
     return rows
 
 
-def _row(task: Task, j: int, model: Model, a: Attempt) -> dict[str, Any]:
+def _row(task: Task, j: int, model: ChatModel, a: Attempt) -> dict[str, Any]:
+    return _dataset_row(task.instance_id, task.repo, j, model.name, a)
+
+
+def _dataset_row(
+    instance_id: str, repo: str | None, j: int, model_name: str, a: Attempt
+) -> dict[str, Any]:
     traj = a.trajectory
     stats = traj.stats() if traj else {}
     grade_ = a.grade
     verify = grade_.verify_status if grade_ else "ERROR"
     meta = {
-        "instance_id": task.instance_id,
-        "repo": task.repo,
+        "instance_id": instance_id,
+        "repo": repo,
         "attempt": j,
-        "model": model.name,
+        "model": model_name,
         "exit_status": a.exit_status,
         "resolved": bool(grade_ and grade_.resolved),
         "verify_status": verify,
@@ -324,13 +327,34 @@ def _row(task: Task, j: int, model: Model, a: Attempt) -> dict[str, Any]:
         "error": a.error,
     }
     return {
-        "instance_id": task.instance_id,
+        "instance_id": instance_id,
         "attempt": j,
         "messages": traj.messages if traj else [],
         "resolved": meta["resolved"],
         "verify_status": verify,
         "metadata": json.dumps(meta),
     }
+
+
+def export_sft(out: Path, dest: Path, *, only_resolved: bool = True) -> list[dict[str, Any]]:
+    """A run folder's graded trajectories as training rows in `distill`'s shape, written to
+    `dest/dataset.jsonl` and `.parquet`: the resolved ones, or every one that has a
+    trajectory with `only_resolved=False`."""
+    rows: list[dict[str, Any]] = []
+    for path in sorted(out.glob("*/*.traj.json")):
+        traj = SweTrajectory.load(path)
+        iid = traj.instance_id
+        report = _read_json(path.parent / "eval" / "report.json").get(iid) or {}
+        graded = GradeResult(
+            iid, report.get("verify_status", "ERROR"), bool(report.get("resolved"))
+        )
+        if only_resolved and not graded.resolved:
+            continue
+        a = Attempt(iid, traj.exit_status, traj.submission, traj, graded, traj.error)
+        rows.append(_dataset_row(iid, None, 0, str(traj.model.get("name", "unknown")), a))
+    dest.mkdir(parents=True, exist_ok=True)
+    write_dataset(rows, dest)
+    return rows
 
 
 def write_dataset(rows: list[dict[str, Any]], out: Path) -> None:

@@ -1,4 +1,4 @@
-"""Trajectories: OpenAI-style chat messages plus what happened at each step, as plain JSON.
+"""SWE trajectories: OpenAI-style chat messages plus what happened at each step, as JSON.
 
 Saved after every step (atomically, so a crash leaves the last complete step on disk) and
 convertible to mini-swe-agent's `*.traj.json` format.
@@ -34,7 +34,10 @@ class Step:
 
 
 @dataclass
-class Trajectory:
+class SweTrajectory:
+    """One harness episode as it happened (`orchard.train.tokenize.Trajectory` is the
+    family-neutral training form, which `Trajectory.from_json` reads this into)."""
+
     instance_id: str
     model: dict[str, Any]
     config: dict[str, Any] = field(default_factory=dict)
@@ -77,7 +80,7 @@ class Trajectory:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Path) -> Trajectory:
+    def load(cls, path: Path) -> SweTrajectory:
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             raise ValueError(f"{path}: not an Orchard trajectory (format {data.get('format')!r})")

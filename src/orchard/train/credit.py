@@ -8,7 +8,8 @@ the trajectory if fewer than `min_prefix` turns remain. In `weight` mode nothing
 every turn's loss is weighted by its value and turns below the threshold get none.
 
 Two judges: `RuleJudge`, a rule that reads which FAIL_TO_PASS / PASS_TO_PASS
-tests each turn's edits moved (recorded per turn, see `turn_tests`), and `LLMJudge`, a
+tests each turn's edits moved (recorded per turn, see `turn_tests`; for SWE runs
+`orchard.swe.annotate.annotate_tests` records them by replay), and `LLMJudge`, a
 model behind an OpenAI-compatible endpoint asked with `LLM_JUDGE_PROMPT`. Answers are
 cached on disk by trajectory content, judge and prompt version.
 """
@@ -21,15 +22,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, TypeAlias
 
 import httpx
 
-from orchard.train.tokenize import Message, Sample, Trajectory, detect_mode, tokenize_trajectory
-
-if TYPE_CHECKING:
-    from orchard.env.sdk import Orchard
-    from orchard.swe.tasks import Task
+from orchard.agents.judges import Judge
+from orchard.train.tokenize import Message, Sample, Trajectory, tokenize_trajectory
 
 
 @dataclass
@@ -55,13 +53,8 @@ class Judgement:
         return cls(obj["judge"], turns, obj.get("first_critical"), obj.get("note", ""))
 
 
-class Judge(Protocol):
-    """Anything that scores an unresolved trajectory turn by turn."""
-
-    @property
-    def name(self) -> str: ...
-
-    def judge(self, traj: Trajectory) -> Judgement: ...
+# Anything that scores an unresolved trajectory turn by turn: `judge(traj) -> Judgement`.
+CreditJudge: TypeAlias = Judge[[Trajectory], Judgement]
 
 
 # ---------------------------------------------------------------- rule-based judge
@@ -75,52 +68,6 @@ def turn_tests(msg: Message) -> dict[str, list[str]] | None:
     """
     tests = (msg.get("extra") or {}).get("tests")
     return tests if isinstance(tests, dict) else None
-
-
-def annotate_tests(
-    traj: Trajectory, task: Task, client: Orchard, *, command_timeout_s: float = 60
-) -> Trajectory:
-    """Replay `traj`'s commands in a fresh sandbox of `task`; after every command that changed
-    the working tree, grade the diff so far and record which tests pass (`extra.tests`).
-
-    This is what `RuleJudge` reads. Each grading runs in its own sandbox (as SWE-bench
-    does), so the replay's working tree never sees the test patch.
-    """
-    from orchard.swe.grading import Prediction, grade
-    from orchard.swe.harness import FormatError, SandboxEnv, parse_action
-
-    mode = detect_mode(traj.messages)
-    messages = [dict(m) for m in traj.messages]
-    with client.sandboxes.create(task.image, labels={"train": "replay"}, timeout_s=7200) as sb:
-        env = SandboxEnv(sb, task.workdir)
-        last = env.diff()
-        for i in traj.assistant_indices:
-            try:
-                command = parse_action(messages[i], mode)
-            except FormatError:
-                continue
-            env.execute(command, command_timeout_s)
-            diff = env.diff()
-            if diff == last:
-                continue
-            last = diff
-            report = grade(client, task, Prediction(task.instance_id, diff)).tests_status
-            passed = [
-                t
-                for k in ("FAIL_TO_PASS", "PASS_TO_PASS")
-                for t in report.get(k, {}).get("success", [])
-            ]
-            failed = [
-                t
-                for k in ("FAIL_TO_PASS", "PASS_TO_PASS")
-                for t in report.get(k, {}).get("failure", [])
-            ]
-            messages[i]["extra"] = {
-                **(messages[i].get("extra") or {}),
-                "tests": {"passed": passed, "failed": failed},
-            }
-    meta = {**traj.metadata, "FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS}
-    return Trajectory(messages, traj.tools, meta)
 
 
 @dataclass(frozen=True)
@@ -272,7 +219,7 @@ class LLMJudge:
 class CachedJudge:
     """Answers stored as JSON files keyed by (judge, prompt version, trajectory content)."""
 
-    inner: Judge
+    inner: CreditJudge
     directory: Path
     hits: int = 0
     misses: int = 0
@@ -409,7 +356,7 @@ class CreditReport:
 def build_sft_data(
     trajectories: Sequence[Trajectory],
     tokenizer: Any,
-    judge: Judge | None,
+    judge: CreditJudge | None,
     cfg: CreditConfig,
 ) -> tuple[list[tuple[Trajectory, Sample]], CreditReport]:
     """Judge unresolved trajectories, cut or weight them, and tokenize what is kept.

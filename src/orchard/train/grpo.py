@@ -2,9 +2,9 @@
 
 One dataclass configures a run; defaults are the recipe's (clip 0.2 / 0.28, no KL term,
 entropy bonus 1e-4, lr 1e-6, temperature and top-p 0.95, group size 4 from up to 8
-samples). `train_grpo` trains on any environment: rollouts come from `BARRolloutFunc` over
-a runner factory; `run_grpo` (SWE), `run_gui_grpo` and `run_claw_grpo` wire one up. The
-reward function just reads the reward each rollout was graded with.
+samples). `train_grpo` is the loop over any runner factory (rollouts come from
+`BARRolloutFunc`); `run_grpo` is the entry point over any `Family`, which brings its
+runners. The reward function just reads the reward each rollout was graded with.
 """
 
 from __future__ import annotations
@@ -12,30 +12,17 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from orchard.agents.family import Family, RolloutOptions
 from orchard.train.bar import BARConfig, RewardConfig
-from orchard.train.rollout import (
-    BARRolloutFunc,
-    RolloutRunner,
-    hf_runner_factory,
-    reward_from_rollout,
-)
+from orchard.train.rollout import BARRolloutFunc, RolloutRunner, reward_from_rollout
 from orchard.train.sft import last_checkpoint
 
 if TYPE_CHECKING:
-    from orchard.claw.grading import RubricJudge
-    from orchard.claw.harness import HarnessConfig
-    from orchard.claw.runner import WorldPool
-    from orchard.claw.spec import TaskSpec
     from orchard.env.sdk import Orchard
-    from orchard.gui.env import EnvConfig
-    from orchard.gui.harness import GuiAgentConfig
-    from orchard.gui.types import Judge, WebTask
-    from orchard.swe.harness import AgentConfig
-    from orchard.swe.tasks import Task
 
 
 @dataclass
@@ -122,7 +109,7 @@ def train_grpo(
     model: Any,
     tokenizer: Any,
 ) -> tuple[dict[str, Any], BARRolloutFunc]:
-    """Train on any environment: `runner_factory(trainer)` gives the step's `RolloutRunner`
+    """Train on any family: `runner_factory(trainer)` gives the step's `RolloutRunner`
     (SWE, GUI, Claw), `tasks` are anything with an `instance_id`. Returns the metrics and
     the rollout function (its `stats` say what BAR spent, `results` hold the last groups)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental
@@ -172,87 +159,35 @@ def train_grpo(
 
 def run_grpo(
     cfg: GRPORunConfig,
-    tasks: list[Task],
+    family: Family,
+    tasks: Sequence[Any],
     client: Orchard,
-    agent_config: AgentConfig,
+    options: RolloutOptions | None = None,
     *,
     model: Any = None,
     tokenizer: Any = None,
-    labels: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], BARRolloutFunc]:
-    """GRPO on SWE tasks: episodes of the SWE harness in fresh sandboxes (with `labels`),
-    graded there."""
-    model, tokenizer = load_policy(cfg, model, tokenizer)
-    factory = hf_runner_factory(
-        client,
-        tokenizer,
-        agent_config,
+    """GRPO on any family's tasks: the one entry point (`orchard train grpo --family`).
+
+    The family runs the episodes (`Family.rollouts`) in sandboxes of `client`; `options`
+    say what the command line asked of them, and the sampling settings come from `cfg`.
+    The policy and tokenizer are the ones given, else loaded from `cfg.model` (the
+    tokenizer first, so a family's bad settings fail before the weights load)."""
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    opts = replace(
+        options or RolloutOptions(),
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         max_new_tokens=cfg.max_tokens_per_turn,
-        reward=cfg.reward(),
         seed=cfg.seed,
-        labels=labels,
+        reward_resolved=cfg.reward_resolved,
+        reward_unresolved=cfg.reward_unresolved,
     )
-    return train_grpo(cfg, tasks, factory, model, tokenizer)
-
-
-def run_gui_grpo(
-    cfg: GRPORunConfig,
-    tasks: list[WebTask],
-    client: Orchard,
-    agent_config: GuiAgentConfig,
-    *,
-    env_config: EnvConfig | None = None,
-    judge: Judge | None = None,
-    workers: int = 1,
-    model: Any = None,
-    tokenizer: Any = None,
-) -> tuple[dict[str, Any], BARRolloutFunc]:
-    """GRPO on web tasks: episodes in `workers` browsers (started once), rewarded by `judge`."""
-    from orchard.gui.rollout import GuiRunnerFactory
-
-    model, tokenizer = load_policy(cfg, model, tokenizer)
-    with GuiRunnerFactory(
-        client,
-        tokenizer,
-        agent_config,
-        env_config=env_config,
-        judge=judge,
-        workers=workers,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_new_tokens=cfg.max_tokens_per_turn,
-        seed=cfg.seed,
-    ) as factory:
-        return train_grpo(cfg, tasks, factory, model, tokenizer)
-
-
-def run_claw_grpo(
-    cfg: GRPORunConfig,
-    tasks: list[TaskSpec],
-    worlds: WorldPool,
-    harness: HarnessConfig,
-    *,
-    reward: Literal["score", "pass"] = "pass",
-    judge: RubricJudge | None = None,
-    model: Any = None,
-    tokenizer: Any = None,
-) -> tuple[dict[str, Any], BARRolloutFunc]:
-    """GRPO on Claw tasks: episodes in worlds leased from `worlds`, rewarded by the grade."""
-    from orchard.claw.rollout import claw_runner_factory
-
-    model, tokenizer = load_policy(cfg, model, tokenizer)
-    factory = claw_runner_factory(
-        worlds,
-        tokenizer,
-        harness,
-        reward=reward,
-        pass_reward=cfg.reward(),
-        judge=judge,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_new_tokens=cfg.max_tokens_per_turn,
-        seed=cfg.seed,
-    )
-    return train_grpo(cfg, tasks, factory, model, tokenizer)
+    with family.rollouts(client, tokenizer, opts) as rollouts:
+        model, tokenizer = load_policy(cfg, model, tokenizer)
+        if cfg.concurrency is None and rollouts.concurrency is not None:
+            cfg = replace(cfg, concurrency=rollouts.concurrency)
+        return train_grpo(cfg, tasks, rollouts.runners, model, tokenizer)

@@ -1,15 +1,15 @@
-"""Multi-turn rollouts for RL: the SWE harness in Orchard sandboxes, with token capture.
+"""Multi-turn rollouts for RL, for any family's harness, with token capture.
 
-`PolicyModel` is a model for `orchard.swe.harness.run_agent` (it answers `query(messages)`)
-that keeps the exact token sequence of the episode: the harness's messages are turned into
-tokens by chat-template deltas (`IncrementalChat`), the policy's tokens are kept as
-generated, with their log-probs. Environment tokens (observations, template glue) get
-`env_mask` 0, so they carry no loss.
+`PolicyModel` is a `ChatModel` for any harness (it answers `query(messages)`) that keeps
+the exact token sequence of the episode: the harness's messages are turned into tokens by
+chat-template deltas (`IncrementalChat`), the policy's tokens are kept as generated, with
+their log-probs. Environment tokens (observations, template glue) get `env_mask` 0, so they
+carry no loss.
 
-`EpisodeRunner` runs one episode per fresh sandbox and grades it; `BARRolloutFunc` plugs
-BAR into TRL's `GRPOTrainer` as its `rollout_func`. The BAR glue takes any `RolloutRunner`
-(a tokenizer and `run(task) -> Episode[EpisodeResult]`) over tasks with an `instance_id`,
-so the GUI and Claw environments train through the same code.
+`BARRolloutFunc` plugs BAR into TRL's `GRPOTrainer` as its `rollout_func`. It takes any
+`RolloutRunner` (a tokenizer and `run(task) -> Episode[EpisodeResult]`) over tasks with an
+`instance_id`; each family brings its own (`orchard.swe.rollout`, `orchard.gui.rollout`,
+`orchard.claw.rollout`, reached through `Family.rollouts`), so all train through this code.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import json
 import re
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,18 +28,13 @@ from orchard.train.bar import (
     BARConfig,
     BARResult,
     Episode,
-    Outcome,
-    RewardConfig,
     bar_rollout,
     group_drop_reason,
 )
 from orchard.train.tokenize import IncrementalChat
 
 if TYPE_CHECKING:
-    from orchard.env.sdk import Orchard
-    from orchard.swe.harness import AgentConfig
-    from orchard.swe.models import Completion, Mode, TokenUsage
-    from orchard.swe.tasks import Task
+    from orchard.agents.llm import Completion, Mode, TokenUsage
 
 R = TypeVar("R")
 
@@ -185,7 +179,7 @@ class TokenRecord:
 
 
 class PolicyModel:
-    """A `orchard.swe.models.Model` that samples from a `Generator` and records tokens."""
+    """A `orchard.agents.llm.ChatModel` that samples from a `Generator` and records tokens."""
 
     def __init__(
         self,
@@ -197,7 +191,7 @@ class PolicyModel:
         max_new_tokens: int = 4096,
         name: str = "policy",
     ) -> None:
-        from orchard.swe.models import TokenUsage
+        from orchard.agents.llm import TokenUsage
 
         self.generator, self.tokenizer, self.mode, self.name = generator, tokenizer, mode, name
         self.max_new_tokens = max_new_tokens
@@ -211,7 +205,7 @@ class PolicyModel:
         self.record.env_mask += [0] * len(ids)
 
     def query(self, messages: list[dict[str, Any]]) -> Completion:
-        from orchard.swe.models import Completion
+        from orchard.agents.llm import Completion
 
         start = time.monotonic()
         new = self.chat.extend(messages, generation_prompt=True)
@@ -241,13 +235,6 @@ class PolicyModel:
 
 # ---------------------------------------------------------------- episodes
 
-_OUTCOMES = {
-    "Submitted": Outcome.SUBMITTED,
-    "LimitsExceeded": Outcome.LIMIT,
-    "RepeatedFormatError": Outcome.LIMIT,
-    "TimeExceeded": Outcome.TIME_LIMIT,
-}
-
 
 @dataclass
 class EpisodeResult:
@@ -263,7 +250,7 @@ class EpisodeResult:
 
 
 class RolloutRunner(Protocol):
-    """What the BAR glue needs of an environment's episode runner."""
+    """What the BAR glue needs of a family's episode runner."""
 
     tokenizer: Any
 
@@ -279,77 +266,6 @@ def episode_sampler(
         return list(pool.map(lambda _: runner.run(task), range(k)))
 
     return generate
-
-
-@dataclass
-class EpisodeRunner:
-    """Runs the SWE harness in a fresh sandbox per episode and grades the submission."""
-
-    client: Orchard
-    tokenizer: Any
-    generator: Generator
-    agent_config: AgentConfig
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    max_new_tokens: int = 4096
-    labels: dict[str, str] = field(default_factory=dict)
-    grade_timeout_s: float = 600
-
-    def run(self, task: Task) -> Episode[EpisodeResult]:
-        from orchard.swe.grading import Prediction, grade
-        from orchard.swe.harness import SandboxEnv, run_agent
-        from orchard.swe.models import BASH_TOOL
-
-        start = time.monotonic()
-        mode = self.agent_config.mode
-        tools = [BASH_TOOL] if mode == "tool" else None
-        policy = PolicyModel(
-            self.generator,
-            self.tokenizer,
-            mode=mode,
-            tools=tools,
-            max_new_tokens=self.max_new_tokens,
-        )
-        labels = {"train": "rollout", **self.labels}
-        try:
-            with self.client.sandboxes.create(task.image, labels=labels, timeout_s=7200) as sb:
-                env = SandboxEnv(sb, task.workdir, self.agent_config.env)
-                traj = run_agent(task, policy, env, self.agent_config)
-            resolved = False
-            if traj.exit_status == "Submitted" and traj.submission.strip():
-                pred = Prediction(task.instance_id, traj.submission, policy.name)
-                graded = grade(
-                    self.client, task, pred, test_timeout_s=self.grade_timeout_s, labels=labels
-                )
-                if graded.verify_status == "ERROR":
-                    raise RuntimeError(graded.error or "grading failed")
-                resolved = graded.resolved
-        except Exception as e:  # a failed sandbox or model call is backfill, not a crash
-            result = EpisodeResult(
-                policy.record.trimmed(),
-                task.instance_id,
-                None,
-                False,
-                [],
-                f"{type(e).__name__}: {e}",
-            )
-            result.duration_s = time.monotonic() - start
-            return Episode(None, result.record.policy_tokens, Outcome.ABORTED, result)
-        outcome = _OUTCOMES.get(traj.exit_status or "", Outcome.ABORTED)
-        result = EpisodeResult(
-            policy.record.trimmed(),
-            task.instance_id,
-            traj.exit_status,
-            resolved,
-            traj.messages,
-            duration_s=time.monotonic() - start,
-        )
-        reward = None if outcome is Outcome.ABORTED else self.reward(resolved)
-        return Episode(reward, result.record.policy_tokens, outcome, result)
-
-    def sampler(
-        self, task: Task, pool: ThreadPoolExecutor
-    ) -> Callable[[int], list[Episode[EpisodeResult]]]:
-        return episode_sampler(self, task, pool)
 
 
 # ---------------------------------------------------------------- TRL adapter
@@ -507,31 +423,3 @@ def trainer_runners(
         return make(gen)
 
     return factory
-
-
-def hf_runner_factory(
-    client: Orchard,
-    tokenizer: Any,
-    agent_config: AgentConfig,
-    *,
-    temperature: float = 0.95,
-    top_p: float = 0.95,
-    max_new_tokens: int = 4096,
-    reward: RewardConfig | None = None,
-    seed: int | None = None,
-    labels: dict[str, str] | None = None,
-) -> Callable[[Any], EpisodeRunner]:
-    """SWE runners that sample from the trainer's current model (its weights at this step)."""
-
-    def make(gen: Generator) -> EpisodeRunner:
-        return EpisodeRunner(
-            client,
-            tokenizer,
-            gen,
-            agent_config,
-            reward or RewardConfig(),
-            max_new_tokens,
-            labels={**(labels or {}), "train.run": uuid.uuid4().hex[:8]},
-        )
-
-    return trainer_runners(tokenizer, make, temperature=temperature, top_p=top_p, seed=seed)

@@ -1,10 +1,11 @@
-"""Models for the harness: any OpenAI-compatible endpoint, and replay of a recorded trajectory.
+"""LLM clients every family shares: any OpenAI-compatible endpoint, and replay of a recording.
 
-A model answers `query(messages)` with a `Completion`: the assistant message in OpenAI chat
-format (with `tool_calls` in tool-calling mode) and its token counts. `OpenAIModel` speaks
-`POST {base_url}/chat/completions` (vLLM, SGLang and hosted APIs alike) with retries and
-backoff on 429, 5xx, timeouts and dropped connections; `ReplayModel` plays back the
-assistant messages of a saved trajectory, for tests and the demo.
+A `ChatModel` answers `query(messages)` with a `Completion`: the assistant message in OpenAI
+chat format (with `tool_calls` in tool-calling mode) and its token counts. `OpenAIModel`
+speaks `POST {base_url}/chat/completions` (vLLM, SGLang and hosted APIs alike) with retries
+and backoff on 429, 5xx, timeouts and dropped connections; `ReplayModel` plays back the
+assistant messages of a saved trajectory, for tests and the demos. (`ChatModel`, not
+`Model`: `orchard.env.models` holds the API's pydantic models.)
 """
 
 from __future__ import annotations
@@ -70,12 +71,23 @@ class TokenUsage:
         return self.prompt_tokens + self.completion_tokens
 
 
-class Model(Protocol):
+class ChatModel(Protocol):
+    """What a harness asks of an LLM: one chat completion per call, usage counted."""
+
     name: str
     mode: Mode
     usage: TokenUsage
 
     def query(self, messages: list[dict[str, Any]]) -> Completion: ...
+
+
+def truncate_output(text: str, limit: int) -> tuple[str, int]:
+    """Keep the first and last limit/2 characters of a long output; return (text, elided)."""
+    if len(text) <= limit:
+        return text, 0
+    half = limit // 2
+    elided = len(text) - 2 * half
+    return f"{text[:half]}\n[... {elided} characters elided ...]\n{text[-half:]}", elided
 
 
 def _wire(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

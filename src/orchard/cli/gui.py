@@ -11,8 +11,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchard.agents.family import get_family
+from orchard.cli._common import JsonOpt, ModelNameOpt, bad_request, connect, fail, print_table
+from orchard.cli._common import out as console
+
 if TYPE_CHECKING:
-    from orchard.env.sdk import Orchard
     from orchard.gui.types import Judge, WebTask
 
 gui_app = typer.Typer(
@@ -27,8 +30,6 @@ gui_app = typer.Typer(
     "  orchard gui export-sft --out runs/gui --dest data/gui-sft",
     no_args_is_help=True,
 )
-err = Console(stderr=True, highlight=False)
-
 TasksOpt = Annotated[
     str,
     typer.Option(
@@ -42,7 +43,6 @@ TaskOpt = Annotated[
 ]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Run folder (resumable).")]
 WorkersOpt = Annotated[int, typer.Option("--workers", "-w", min=1, help="Parallel browsers.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
 JudgeOpt = Annotated[str, typer.Option("--judge", "-j", help="state, webvoyager or webjudge.")]
 JudgeUrlOpt = Annotated[
     str | None,
@@ -58,45 +58,19 @@ JudgeNameOpt = Annotated[
 ]
 
 
-def _fail(message: str) -> typer.Exit:
-    err.print(f"error: bad_request: {message}", markup=False)
-    return typer.Exit(1)
-
-
 def select_tasks(
     tasks: str, ids: list[str] | None, categories: list[str] | None = None
 ) -> list[WebTask]:
     """`--tasks` narrowed to `--task` ids (an unknown one fails) and `--category` names."""
-    from orchard.gui.tasks import load_tasks, sample_tasks
-
-    try:
-        chosen = sample_tasks() if tasks == "sample" else load_tasks(Path(tasks))
-    except (OSError, ValueError, KeyError) as e:
-        raise _fail(str(e)) from e
-    if ids:
-        known = {t.id for t in chosen}
-        missing = [i for i in ids if i not in known]
-        if missing:
-            raise _fail(f"no task {', '.join(missing)} in {tasks}")
-        chosen = [t for t in chosen if t.id in set(ids)]
-    if categories:
-        chosen = [t for t in chosen if t.category in categories]
-    return chosen
+    with bad_request(OSError, ValueError, KeyError):
+        return get_family("gui").load_tasks(tasks, ids, categories)
 
 
 def web_judge(spec: str, url: str | None, name: str, cache: Path | None) -> Judge:
     from orchard.gui.judges import make_judge
 
-    try:
+    with bad_request():
         return make_judge(spec, model_url=url, model_name=name, cache_dir=cache)
-    except ValueError as e:
-        raise _fail(str(e)) from e
-
-
-def _client() -> Orchard:
-    from orchard.cli import _client as root_client
-
-    return root_client()
 
 
 def _print_summary(summary: dict[str, Any], as_json: bool, title: str) -> None:
@@ -113,7 +87,7 @@ def _print_summary(summary: dict[str, Any], as_json: bool, title: str) -> None:
         "-" if rate is None else f"{rate:.1%}",
         str(summary["mean_steps"] if summary["mean_steps"] is not None else "-"),
     )
-    Console().print(table)
+    print_table(table)
 
 
 @gui_app.command("tasks")
@@ -136,11 +110,12 @@ def tasks_cmd(
         table.add_column(col, overflow="fold")
     for t in chosen:
         table.add_row(t.id, t.web_name, t.category, "yes" if t.check else "-", t.ques)
-    Console().print(table)
+    print_table(table)
 
 
 @gui_app.command()
 def run(
+    ctx: typer.Context,
     model: Annotated[
         str,
         typer.Option(
@@ -151,9 +126,7 @@ def run(
     tasks: TasksOpt = "sample",
     task: TaskOpt = None,
     workers: WorkersOpt = 1,
-    model_name: Annotated[
-        str, typer.Option("--model-name", envvar="ORCHARD_MODEL_NAME", help="Model name sent.")
-    ] = "default",
+    model_name: ModelNameOpt = "default",
     observation: Annotated[
         str, typer.Option(help="image (a screenshot) or text (accessibility tree).")
     ] = "image",
@@ -187,25 +160,23 @@ def run(
     from pydantic import ValidationError
 
     from orchard.env.models import NetworkPolicy
-    from orchard.gui.env import EnvConfig
+    from orchard.gui.browser_env import EnvConfig
     from orchard.gui.harness import GuiAgentConfig
     from orchard.gui.runner import model_factory, run_batch
 
     if observation not in ("image", "text") or context not in ("latest", "chat"):
-        raise _fail("--observation must be image or text, --context latest or chat")
+        fail("bad_request", "--observation must be image or text, --context latest or chat")
     chosen = select_tasks(tasks, task)
     the_judge = web_judge(judge, judge_url, judge_model, out / "judge-cache")
     cfg = GuiAgentConfig(observation=observation, context=context, som=som)  # type: ignore[arg-type]
-    try:
+    with bad_request():
         factory = model_factory(model, cfg, name=model_name)
-    except ValueError as e:
-        raise _fail(str(e)) from e
     try:
         network = NetworkPolicy(egress="allow" if allow else egress, allow=allow or [])  # type: ignore[arg-type]
     except ValidationError as e:
-        raise _fail(f"--egress must be none or all ({e.errors()[0]['msg']})") from e
+        fail("bad_request", f"--egress must be none or all ({e.errors()[0]['msg']})")
     env_cfg = EnvConfig(max_steps=max_steps, max_seconds=max_seconds, network=network)
-    with _client() as client:
+    with connect(ctx) as client:
         summary = run_batch(
             client,
             chosen,
@@ -260,6 +231,6 @@ def export_sft(
     if as_json:
         sys.stdout.write(json.dumps(counts) + "\n")
     else:
-        Console().print(
+        console.print(
             f"{counts['rows']} rows from {counts['episodes']} episodes in {dest / 'dataset.jsonl'}"
         )

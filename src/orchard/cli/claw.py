@@ -9,11 +9,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from orchard.agents.family import get_family
+from orchard.cli._common import (
+    JsonOpt,
+    LabelOpt,
+    ModelNameOpt,
+    bad_request,
+    connect,
+    err,
+    fail,
+    labels,
+    print_table,
+)
+from orchard.cli._common import out as console
+
 if TYPE_CHECKING:
-    from orchard.claw.grading import RubricJudge
     from orchard.claw.spec import TaskSpec
 
 claw_app = typer.Typer(
@@ -30,8 +42,6 @@ claw_app = typer.Typer(
 )
 tasks_app = typer.Typer(help="List, inspect and validate task specs.", no_args_is_help=True)
 claw_app.add_typer(tasks_app, name="tasks")
-err = Console(stderr=True, highlight=False)
-
 TasksOpt = Annotated[
     Path | None,
     typer.Option("--tasks", help="A spec file or folder of specs (default: the shipped tasks)."),
@@ -42,23 +52,13 @@ TaskIdOpt = Annotated[
 CategoryOpt = Annotated[
     list[str] | None, typer.Option("--category", help="Only this category (repeatable).")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
 KOpt = Annotated[int, typer.Option("-k", min=1, help="Trials per task (pass@k, pass^k).")]
-ModelNameOpt = Annotated[
-    str,
-    typer.Option(
-        "--model-name", envvar="ORCHARD_MODEL_NAME", help="Model name sent to the endpoint."
-    ),
-]
 JudgeOpt = Annotated[
     str | None,
     typer.Option("--judge", help="OpenAI-compatible base URL of an LLM rubric judge."),
 ]
 JudgeNameOpt = Annotated[
     str, typer.Option("--judge-model", help="Model name sent to the judge endpoint.")
-]
-LabelOpt = Annotated[
-    list[str] | None, typer.Option("--label", "-l", help="K=V on every sandbox (repeatable).")
 ]
 
 
@@ -71,39 +71,13 @@ TRAITS = (
 )
 
 
-def _fail(message: str) -> typer.Exit:
-    err.print(f"error: bad_request: {message}", markup=False)
-    return typer.Exit(1)
-
-
 def select_tasks(
     path: Path | None, ids: list[str] | None = None, categories: list[str] | None = None
 ) -> list[TaskSpec]:
     """The specs at `path` (None: the shipped ones) narrowed to `ids` (an unknown one fails)
     and `categories`."""
-    from orchard.claw.tasks import TaskLoadError, load_tasks
-
-    try:
-        specs = load_tasks(path)
-    except TaskLoadError as e:
-        raise _fail(str(e)) from e
-    if ids:
-        missing = set(ids) - {s.id for s in specs}
-        if missing:
-            raise _fail(f"unknown task id(s): {', '.join(sorted(missing))}")
-        specs = [s for s in specs if s.id in ids]
-    if categories:
-        specs = [s for s in specs if s.category in categories]
-    return specs
-
-
-def rubric_judge(url: str | None, name: str, cache: Path | None) -> RubricJudge | None:
-    if url is None:
-        return None
-    from orchard.claw.grading import LLMRubricJudge
-    from orchard.swe.models import OpenAIModel
-
-    return LLMRubricJudge(OpenAIModel(url, name=name, temperature=0.0), cache_dir=cache)
+    with bad_request():
+        return get_family("claw").load_tasks(str(path or "sample"), ids, categories)
 
 
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
@@ -117,7 +91,7 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in table_rows(summary):
         table.add_row(*row)
-    Console().print(table)
+    print_table(table)
     for e in summary.get("errors") or []:
         err.print(f"error: {e}", markup=False)
 
@@ -127,6 +101,7 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 @claw_app.command()
 def run(
+    ctx: typer.Context,
     model: Annotated[
         str,
         typer.Option(
@@ -163,12 +138,12 @@ def run(
 ) -> None:
     """Run k graded trials of every task; writes results.jsonl, trajectories, summary.json."""
     from orchard.claw.harness import HarnessConfig
+    from orchard.claw.judge import rubric_judge
     from orchard.claw.runner import model_factory, run_trials
     from orchard.claw.usersim import user_model_factory
-    from orchard.swe.cli import _client, _labels
 
     chosen = select_tasks(tasks, task, category)
-    try:
+    with bad_request():
         users = user_model_factory(user_model, name=user_model_name) if user_model else None
         config = HarnessConfig(
             harness,  # type: ignore[arg-type]
@@ -178,9 +153,7 @@ def run(
         )
         params = {"temperature": temperature} if temperature is not None else {}
         factory = model_factory(model, name=model_name, params=params)
-    except ValueError as e:
-        raise _fail(str(e)) from e
-    with _client() as client:
+    with connect(ctx) as client:
         summary = run_trials(
             client,
             chosen,
@@ -191,7 +164,7 @@ def run(
             workers=workers,
             judge=rubric_judge(judge, judge_model, out / "judge-cache"),
             redo=redo,
-            labels=_labels(label),
+            labels=labels(label),
         )
     _print_summary(summary, as_json)
 
@@ -209,12 +182,13 @@ def eval_(
     as_json: JsonOpt = False,
 ) -> None:
     """Recompute pass@k / pass^k of a run (for any k); --regrade grades it again first."""
+    from orchard.claw.judge import rubric_judge
     from orchard.claw.runner import read_results, write_summary
     from orchard.claw.runner import regrade as do_regrade
 
     rows = read_results(out)
     if not rows:
-        raise _fail(f"no results.jsonl in {out}")
+        fail("bad_request", f"no results.jsonl in {out}")
     if regrade or judge:
         summary = do_regrade(
             select_tasks(tasks),
@@ -243,7 +217,7 @@ def export_sft(
     if as_json:
         sys.stdout.write(json.dumps({"rows": n, "out": str(out)}) + "\n")
     else:
-        Console().print(f"{n} trajectories in {out}")
+        console.print(f"{n} trajectories in {out}")
 
 
 # ---------------------------------------------------------------- tasks
@@ -278,13 +252,13 @@ def tasks_list(
         traits = [name for name, on in TRAITS if t[on]]
         request = s.request if len(s.request) <= 60 else s.request[:57] + "..."
         table.add_row(s.id, s.category, " ".join(traits), request)
-    Console().print(table)
+    print_table(table)
     counts = Table(title="per category")
     for i, col in enumerate(("category", "tasks", *(name for name, _ in TRAITS))):
         counts.add_column(col, justify="left" if i == 0 else "right")
     for cat, row in _trait_counts(specs).items():
         counts.add_row(cat, *(str(v) for v in row))
-    Console().print(counts)
+    print_table(counts)
 
 
 def _trait_counts(specs: list[TaskSpec]) -> dict[str, list[int]]:
@@ -309,6 +283,7 @@ def tasks_show(
 
 @tasks_app.command("validate")
 def tasks_validate(
+    ctx: typer.Context,
     tasks: TasksOpt = None,
     task: TaskIdOpt = None,
     run_policies: Annotated[
@@ -326,9 +301,8 @@ def tasks_validate(
     if run_policies:
         from orchard.claw.synthesize import DraftError, check_draft
         from orchard.claw.world import World
-        from orchard.swe.cli import _client, _labels
 
-        with _client() as client, World.start(client, labels=_labels(label)) as world:
+        with connect(ctx) as client, World.start(client, labels=labels(label)) as world:
             for s in specs:
                 try:
                     check_draft(world, s)
@@ -340,7 +314,7 @@ def tasks_validate(
     else:
         for tid, why in problems.items():
             err.print(f"{tid}: {why}", markup=False)
-        Console().print(f"{report['ok']}/{len(specs)} tasks valid")
+        console.print(f"{report['ok']}/{len(specs)} tasks valid")
     if problems:
         raise typer.Exit(1)
 
@@ -350,6 +324,7 @@ def tasks_validate(
 
 @claw_app.command()
 def synthesize(
+    ctx: typer.Context,
     model: Annotated[
         str, typer.Option("--model", "-m", help="OpenAI-compatible base URL of the drafter.")
     ],
@@ -368,23 +343,22 @@ def synthesize(
     as_json: JsonOpt = False,
 ) -> None:
     """Draft task specs with an LLM; keep those whose reference passes and null policy fails."""
+    from orchard.agents.llm import OpenAIModel
     from orchard.claw.synthesize import synthesize as run_synthesis
     from orchard.claw.world import World
-    from orchard.swe.cli import _client, _labels
-    from orchard.swe.models import OpenAIModel
 
     shown = select_tasks(examples)
     drafter = OpenAIModel(
         model, name=model_name, temperature=temperature, extra_body={"seed": seed}
     )
-    with _client() as client, World.start(client, labels=_labels(label)) as world:
+    with connect(ctx) as client, World.start(client, labels=labels(label)) as world:
         report = run_synthesis(
             drafter, world, out, n=n, examples=shown, seed=seed, max_attempts=max_attempts
         )
     if as_json:
         sys.stdout.write(json.dumps(report.__dict__, indent=2) + "\n")
     else:
-        Console().print(
+        console.print(
             f"kept {len(report.accepted)} of {report.attempts} drafts in {out} "
             f"(rejects: {out / 'rejects.jsonl'})"
         )

@@ -5,14 +5,24 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from orchard.env.sdk import Orchard
+from orchard.agents.family import get_family
+from orchard.cli._common import (
+    JsonOpt,
+    LabelOpt,
+    ModelNameOpt,
+    bad_request,
+    connect,
+    err,
+    fail,
+    labels,
+    print_table,
+)
+from orchard.cli._common import out as console
 
 swe_app = typer.Typer(
     help="SWE-bench-style tasks: images, agent runs, grading, distillation.",
@@ -25,8 +35,6 @@ swe_app = typer.Typer(
     "  orchard swe eval --preds runs/q3/preds.json --tasks verified.parquet --out runs/q3-eval",
     no_args_is_help=True,
 )
-err = Console(stderr=True, highlight=False)
-
 TasksOpt = Annotated[
     str,
     typer.Option("--tasks", help="`sample`, a .jsonl/.json/.parquet file or a datasets folder."),
@@ -36,18 +44,8 @@ WorkersOpt = Annotated[int, typer.Option("--workers", "-w", min=1, help="Paralle
 InstanceOpt = Annotated[
     list[str] | None, typer.Option("--instance", "-i", help="Only this instance id (repeatable).")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
-LabelOpt = Annotated[
-    list[str] | None, typer.Option("--label", "-l", help="K=V on every sandbox (repeatable).")
-]
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="OpenAI-compatible base URL, or replay:PATH.")
-]
-ModelNameOpt = Annotated[
-    str,
-    typer.Option(
-        "--model-name", envvar="ORCHARD_MODEL_NAME", help="Model name sent to the endpoint."
-    ),
 ]
 ModeOpt = Annotated[
     str, typer.Option("--mode", help="text (```bash blocks) or tool (a bash tool).")
@@ -57,20 +55,9 @@ ConfigOpt = Annotated[
 ]
 
 
-def _client() -> Orchard:
-    from orchard.cli import _client as root_client
-
-    return root_client()
-
-
 def _load(tasks: str, instance: list[str] | None) -> list[Any]:
-    from orchard.swe.tasks import load_tasks
-
-    try:
-        return load_tasks(tasks, ids=instance or None)
-    except (OSError, ValueError, KeyError) as e:
-        err.print(f"error: bad_request: {e}", markup=False)
-        raise typer.Exit(1) from e
+    with bad_request(OSError, ValueError, KeyError):
+        return get_family("swe").load_tasks(tasks, instance)
 
 
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
@@ -90,21 +77,14 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         table.add_column(col, justify="right")
     keys = ("total", "submitted", "completed", "resolved", "unresolved", "empty_patch", "error")
     table.add_row(*(str(summary[f"{k}_instances"]) for k in keys))
-    Console().print(table)
-
-
-def _labels(items: list[str] | None) -> dict[str, str]:
-    from orchard.cli import _pairs
-
-    return _pairs(items, "--label")
+    print_table(table)
 
 
 def _setup(mode: str, config: Path | None, step_limit: int | None) -> tuple[Any, dict[str, Any]]:
     from orchard.swe.harness import load_config
 
     if mode not in ("text", "tool"):
-        err.print("error: bad_request: --mode must be text or tool", markup=False)
-        raise typer.Exit(1)
+        fail("bad_request", "--mode must be text or tool")
     return load_config(config, mode=mode, step_limit=step_limit)
 
 
@@ -123,6 +103,7 @@ def build_images(
 
 @swe_app.command()
 def run(
+    ctx: typer.Context,
     model: ModelOpt,
     out: OutOpt,
     tasks: TasksOpt = "sample",
@@ -143,7 +124,7 @@ def run(
     chosen = _load(tasks, instance)
     agent_cfg, model_cfg = _setup(mode, config, step_limit)
     factory = model_factory(model, name=model_name, mode=mode, params=model_cfg)
-    with _client() as client:
+    with connect(ctx) as client:
         summary = run_batch(
             client,
             chosen,
@@ -153,13 +134,14 @@ def run(
             workers=workers,
             do_grade=not no_grade,
             redo=redo,
-            labels=_labels(label),
+            labels=labels(label),
         )
     _print_summary(summary, as_json)
 
 
 @swe_app.command("eval")
 def eval_(
+    ctx: typer.Context,
     preds: Annotated[
         Path, typer.Option("--preds", help="preds.json or .jsonl (SWE-bench format).")
     ],
@@ -175,7 +157,7 @@ def eval_(
     from orchard.swe.runner import evaluate
 
     chosen = _load(tasks, None)
-    with _client() as client:
+    with connect(ctx) as client:
         summary = evaluate(
             client,
             chosen,
@@ -183,13 +165,14 @@ def eval_(
             out,
             workers=workers,
             redo=redo,
-            labels=_labels(label),
+            labels=labels(label),
         )
     _print_summary(summary, as_json)
 
 
 @swe_app.command()
 def distill(
+    ctx: typer.Context,
     model: ModelOpt,
     out: OutOpt,
     tasks: TasksOpt = "sample",
@@ -209,15 +192,15 @@ def distill(
     chosen = _load(tasks, instance)
     agent_cfg, model_cfg = _setup(mode, config, None)
     factory = model_factory(model, name=model_name, mode=mode, params=model_cfg)
-    with _client() as client:
+    with connect(ctx) as client:
         rows = run_distill(
-            client, chosen, factory, agent_cfg, out, k=k, workers=workers, labels=_labels(label)
+            client, chosen, factory, agent_cfg, out, k=k, workers=workers, labels=labels(label)
         )
     counts = {"rows": len(rows), "resolved": sum(1 for r in rows if r["resolved"])}
     if as_json:
         sys.stdout.write(json.dumps(counts) + "\n")
     else:
-        Console().print(f"{counts['rows']} trajectories ({counts['resolved']} resolved) in {out}")
+        console.print(f"{counts['rows']} trajectories ({counts['resolved']} resolved) in {out}")
 
 
 @swe_app.command("to-mini")
@@ -226,6 +209,6 @@ def to_mini(
     dst: Annotated[Path, typer.Argument(help="Where to write mini-swe-agent's format.")],
 ) -> None:
     """Convert a trajectory to mini-swe-agent's format (for its inspector and tools)."""
-    from orchard.swe.trajectory import Trajectory
+    from orchard.swe.trajectory import SweTrajectory
 
-    dst.write_text(json.dumps(Trajectory.load(src).to_minisweagent(), indent=1))
+    dst.write_text(json.dumps(SweTrajectory.load(src).to_minisweagent(), indent=1))

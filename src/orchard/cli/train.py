@@ -7,16 +7,19 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from orchard.claw.grading import RubricJudge
-    from orchard.gui.types import Judge as WebJudge
-    from orchard.train.grpo import GRPORunConfig
+from orchard.agents.family import (
+    Family,
+    RolloutOptions,
+    UnknownFamily,
+    family_names,
+    get_family,
+)
+from orchard.cli._common import JsonOpt, bad_request, connect, err, fail, labels, print_table
 
 train_app = typer.Typer(
     help="Training: credit-assignment SFT data, SFT, and GRPO with Balanced Adaptive Rollout.",
@@ -25,24 +28,16 @@ train_app = typer.Typer(
     "--judge rule --tasks sample --out data/sft\n\n"
     "  orchard train sft --model Qwen/Qwen3-8B --data data/sft/dataset --out ckpt/sft --lora\n\n"
     "  orchard train grpo --model ckpt/sft/final --tasks sample --out ckpt/rl --max-steps 100\n\n"
-    "  orchard train grpo --env claw --category mail --model ckpt/sft/final --out ckpt/rl-claw\n\n"
-    "  orchard train grpo --env gui --task wiki-lighthouse-year --model ckpt/sft/final "
+    "  orchard train grpo --family claw --category mail --model ckpt/sft/final "
+    "--out ckpt/rl-claw\n\n"
+    "  orchard train grpo --family gui --task wiki-lighthouse-year --model ckpt/sft/final "
     "--out ckpt/rl-gui",
     no_args_is_help=True,
 )
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
 TasksOpt = Annotated[
     str | None,
     typer.Option("--tasks", help="`sample`, a .jsonl/.json/.parquet file or a datasets folder."),
 ]
-
-
-def _fail(code: str, message: str) -> typer.Exit:
-    err.print(f"error: {code}: {message}", markup=False, soft_wrap=True)  # one line
-    return typer.Exit(1)
 
 
 def _emit(result: dict[str, Any], as_json: bool, title: str) -> None:
@@ -55,7 +50,7 @@ def _emit(result: dict[str, Any], as_json: bool, title: str) -> None:
             table.add_row(
                 key, json.dumps(value, default=str) if isinstance(value, dict) else str(value)
             )
-    out.print(table)
+    print_table(table)
 
 
 def _quiet_stdout() -> contextlib.AbstractContextManager[Any]:
@@ -75,12 +70,13 @@ def _overrides(path: Path | None) -> dict[str, Any]:
     else:
         data = json.loads(text)
     if not isinstance(data, dict):
-        raise _fail("bad_request", f"{path}: expected a mapping of config fields")
+        fail("bad_request", f"{path}: expected a mapping of config fields")
     return data
 
 
 @train_app.command("sft-data")
 def sft_data(
+    ctx: typer.Context,
     trajectories: Annotated[
         list[Path],
         typer.Argument(help="Trajectory files: .jsonl rows (`orchard swe distill`) or .json."),
@@ -116,7 +112,7 @@ def sft_data(
     from orchard.train.credit import (
         CachedJudge,
         CreditConfig,
-        Judge,
+        CreditJudge,
         LLMJudge,
         RuleJudge,
         build_sft_data,
@@ -124,7 +120,7 @@ def sft_data(
     from orchard.train.tokenize import load_trajectories, to_dataset, write_chat_jsonl
 
     if mode not in ("cut", "weight"):
-        raise _fail("bad_request", "--mode must be cut or weight")
+        fail("bad_request", "--mode must be cut or weight")
     trajs = load_trajectories(trajectories)
     by_id = {}
     if tasks:
@@ -140,33 +136,32 @@ def sft_data(
     annotated = 0
     if annotate and unrecorded:
         if not by_id:
-            raise _fail("bad_request", "--annotate needs --tasks (the tasks the runs were on)")
+            fail("bad_request", "--annotate needs --tasks (the tasks the runs were on)")
         ids = [str(trajs[k].metadata.get("instance_id")) for k in unrecorded]
         unknown = sorted({i for i in ids if i not in by_id})
         if unknown:
-            raise _fail("bad_request", f"--annotate: no task for {', '.join(unknown)}")
-        from orchard import Orchard
-        from orchard.train.credit import annotate_tests
+            fail("bad_request", f"--annotate: no task for {', '.join(unknown)}")
+        from orchard.swe.annotate import annotate_tests
 
-        with Orchard() as client:
+        with connect(ctx) as client:
             for n, (k, i) in enumerate(zip(unrecorded, ids, strict=True), 1):
                 err.print(f"annotating {i} ({n}/{len(ids)}): replay + grading after each edit")
                 trajs[k] = annotate_tests(trajs[k], by_id[i], client)
         annotated, unrecorded = len(ids), []
-    chosen: Judge | None
+    chosen: CreditJudge | None
     if judge == "none":
         chosen = None
     elif judge == "rule":
         chosen = RuleJudge()
     elif judge == "llm":
         if not judge_url:
-            raise _fail("bad_request", "--judge llm needs --judge-url")
+            fail("bad_request", "--judge llm needs --judge-url")
         key = os.environ.get("ORCHARD_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
         chosen = CachedJudge(
             LLMJudge(judge_url, judge_model, api_key=key), cache or out_dir / "judge-cache"
         )
     else:
-        raise _fail("bad_request", "--judge must be none, rule or llm")
+        fail("bad_request", "--judge must be none, rule or llm")
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer)
@@ -234,11 +229,16 @@ def sft(
     _emit(result, as_json, "SFT")
 
 
-EnvOpt = Annotated[
-    str, typer.Option("--env", "-e", help="swe (SWE harness), gui (web agent) or claw (tools).")
+FamilyOpt = Annotated[
+    str,
+    typer.Option(
+        "--family",
+        "-f",
+        help="swe (SWE harness), gui (web agent), claw (tools), or module.Name of a Family.",
+    ),
 ]
 TaskIdOpt = Annotated[
-    list[str] | None, typer.Option("--task", "-t", help="gui/claw: only this task id (repeatable).")
+    list[str] | None, typer.Option("--task", "-t", help="Only this task id (repeatable).")
 ]
 CategoryOpt = Annotated[
     list[str] | None,
@@ -246,72 +246,25 @@ CategoryOpt = Annotated[
 ]
 
 
-def _some(tasks: list[Any]) -> list[Any]:
-    if not tasks:
-        raise _fail("bad_request", "no tasks chosen")
-    return tasks
-
-
-def _grpo_gui(
-    cfg: GRPORunConfig,
-    tasks: list[Any],
-    judge: WebJudge,
-    labels: dict[str, str],
-    step_limit: int | None,
-    workers: int,
-) -> dict[str, Any]:
-    from orchard.cli import _client
-    from orchard.gui.env import EnvConfig
-    from orchard.gui.harness import GuiAgentConfig
-    from orchard.train.grpo import run_gui_grpo
-
-    # the policy reads text (the accessibility tree) in one growing chat: token-exact
-    agent = GuiAgentConfig(observation="text", context="chat")
-    env_cfg = EnvConfig(labels=labels)
-    env_cfg.max_steps = step_limit or env_cfg.max_steps
-    with _client() as client, _quiet_stdout():
-        metrics, _ = run_gui_grpo(
-            cfg, tasks, client, agent, env_config=env_cfg, judge=judge, workers=workers
-        )
-    return metrics
-
-
-def _grpo_claw(
-    cfg: GRPORunConfig,
-    tasks: list[Any],
-    judge: RubricJudge | None,
-    labels: dict[str, str],
-    step_limit: int | None,
-    dense: bool,
-) -> dict[str, Any]:
-    from orchard.claw.harness import HarnessConfig
-    from orchard.claw.runner import WorldPool, world_starter
-    from orchard.cli import _client
-    from orchard.train.grpo import run_claw_grpo
-
-    harness = HarnessConfig()
-    harness.step_limit = step_limit or harness.step_limit
-    with _client() as client, _quiet_stdout():
-        worlds = WorldPool(world_starter(client, labels))
-        try:
-            metrics, _ = run_claw_grpo(
-                cfg, tasks, worlds, harness, reward="score" if dense else "pass", judge=judge
-            )
-        finally:
-            worlds.close()
-    return metrics
+def _family(name: str) -> Family:
+    try:
+        return get_family(name)
+    except UnknownFamily:
+        *rest, last = family_names()
+        fail("bad_request", f"--family must be {', '.join(rest)} or {last} (or module.Name)")
 
 
 @train_app.command("grpo")
 def grpo(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="Policy model (folder or name).")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Checkpoints and final model.")],
-    env: EnvOpt = "swe",
+    family: FamilyOpt = "swe",
     tasks: Annotated[
         str,
         typer.Option(
             "--tasks",
-            help="`sample` (the shipped set of the env) or a task file: SWE .jsonl/.json/"
+            help="`sample` (the shipped set of the family) or a task file: SWE .jsonl/.json/"
             ".parquet or datasets folder, GUI task file, Claw spec file or folder.",
         ),
     ] = "sample",
@@ -353,17 +306,15 @@ def grpo(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """GRPO with BAR on one environment's tasks, episodes in Orchard sandboxes (ORCHARD_URL,
-    or an embedded service on the local Docker engine): `swe` graded by the tests, `gui`
-    (text observations, whole-chat context) by its judge, `claw` by the task's rubric."""
-    from orchard.cli import _client, _pairs
-    from orchard.train.grpo import GRPORunConfig
+    """GRPO with BAR on one family's tasks, episodes in Orchard sandboxes (ORCHARD_URL, or an
+    embedded service on the local Docker engine): `swe` graded by the tests, `gui` (text
+    observations, whole-chat context) by its judge, `claw` by the task's rubric."""
+    from orchard.train.grpo import GRPORunConfig, run_grpo
     from orchard.train.rollout import RolloutFailed
 
-    if env not in ("swe", "gui", "claw"):
-        raise _fail("bad_request", "--env must be swe, gui or claw")
+    chosen = _family(family)
     if reward not in ("pass", "score"):
-        raise _fail("bad_request", "--reward must be pass or score")
+        fail("bad_request", "--reward must be pass or score")
     fields = {
         "model": model,
         "output_dir": str(out_dir),
@@ -371,33 +322,27 @@ def grpo(
         "group_size": group_size,
         "max_samples": max_samples,
         "stride": stride,
-        **({"concurrency": workers} if env == "claw" else {}),
         **_overrides(config),
     }
     cfg = GRPORunConfig(**fields)
-    labels = _pairs(label, "--label")
+    sandbox_labels = labels(label)
+    with bad_request(OSError, ValueError, KeyError):
+        todo = chosen.load_tasks(tasks, task, category)
+    if not todo:
+        fail("bad_request", "no tasks chosen")
+    with bad_request():
+        the_judge = chosen.make_judge(judge, judge_url, judge_model, out_dir / "judge")
+    options = RolloutOptions(
+        labels=sandbox_labels,
+        workers=workers,
+        step_limit=step_limit,
+        harness=harness,
+        judge=the_judge,
+        reward=reward,  # type: ignore[arg-type]
+    )
     try:
-        if env == "swe":
-            from orchard.swe.harness import load_config
-            from orchard.swe.tasks import load_tasks
-            from orchard.train.grpo import run_grpo
-
-            agent_config, _ = load_config(harness)
-            with _client() as client, _quiet_stdout():
-                metrics, _ = run_grpo(cfg, load_tasks(tasks), client, agent_config, labels=labels)
-        elif env == "gui":
-            from orchard.gui.cli import select_tasks, web_judge
-
-            chosen = _some(select_tasks(tasks, task, category))
-            gui_judge = web_judge(judge, judge_url, judge_model, out_dir / "judge")
-            metrics = _grpo_gui(cfg, chosen, gui_judge, labels, step_limit, workers)
-        else:
-            from orchard.claw.cli import rubric_judge
-            from orchard.claw.cli import select_tasks as claw_tasks
-
-            specs = claw_tasks(None if tasks == "sample" else Path(tasks), task, category)
-            rubric = rubric_judge(judge_url, judge_model, out_dir / "judge")
-            metrics = _grpo_claw(cfg, _some(specs), rubric, labels, step_limit, reward == "score")
+        with connect(ctx) as client, _quiet_stdout():
+            metrics, _ = run_grpo(cfg, chosen, todo, client, options)
     except RolloutFailed as e:  # every episode of a step failed: an infrastructure problem
-        raise _fail("rollout_failed", str(e)) from e
-    _emit(metrics, as_json, f"GRPO ({env})")
+        fail("rollout_failed", str(e))
+    _emit(metrics, as_json, f"GRPO ({chosen.name})")

@@ -3,7 +3,6 @@
 A `Run` labels every sandbox of one batch (`<kind>-run=<id>` plus the caller's labels) so
 that Ctrl-C can delete them all; `collect` drains futures under a progress bar and does that
 cleanup when interrupted; `run_pool` runs `(key, fn(run))` jobs on a thread pool with both.
-`check_endpoint` and `replay_from` are the two halves every `model_factory` shares.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
@@ -21,7 +19,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 if TYPE_CHECKING:
     from orchard.env.sdk import Orchard
-    from orchard.swe.models import Model
 
 T = TypeVar("T")
 Job = tuple[str, Callable[["Run"], Any]]
@@ -32,8 +29,8 @@ class Run:
     """Live sandboxes and the stop flag of one batch, for cleanup on Ctrl-C."""
 
     client: Orchard
+    kind: str  # the family: sandboxes carry `<kind>-run=<run id>`
     extra_labels: dict[str, str] = field(default_factory=dict)
-    kind: str = "swe"
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -98,10 +95,10 @@ def run_pool(
     console: Console | None = None,
     labels: dict[str, str] | None = None,
     *,
-    kind: str = "swe",
+    kind: str,
 ) -> list[Any]:
     """Run `fn(run)` for every job on `workers` threads; see `collect` for Ctrl-C."""
-    run = Run(client, dict(labels or {}), kind)
+    run = Run(client, kind, dict(labels or {}))
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
         return collect([pool.submit(fn, run) for _, fn in jobs], run, title, status, console)
@@ -111,21 +108,3 @@ def run_pool(
         raise
     finally:
         pool.shutdown(wait=True)
-
-
-def check_endpoint(spec: str, others: str = "replay:PATH") -> str:
-    """`spec` if it is the base URL of an OpenAI-compatible endpoint, else a ValueError."""
-    if not spec.startswith(("http://", "https://")):
-        raise ValueError(f"model must be an http(s) URL or {others}, not {spec!r}")
-    return spec
-
-
-def replay_from(candidates: Iterable[Path], what: str) -> Model:
-    """A `ReplayModel` over the first recording that exists among `candidates`."""
-    from orchard.swe.models import ReplayModel
-
-    tried = list(candidates)
-    for path in tried:
-        if path.is_file():
-            return ReplayModel(path)
-    raise FileNotFoundError(f"no recorded run of {what} at {', '.join(map(str, tried))}")

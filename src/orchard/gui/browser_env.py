@@ -36,7 +36,7 @@ from orchard.gui.types import (
     WebTask,
 )
 
-log = logging.getLogger("orchard.gui.env")
+log = logging.getLogger("orchard.gui.browser_env")
 
 SITES_DIR = Path(__file__).resolve().parent / "sites"
 SITES_REMOTE_DIR = "/opt/orchard/sites"
@@ -383,7 +383,7 @@ class BrowserEnv:
             state=state,
         )
         try:
-            return self.judge(inp)
+            return self.judge.judge(inp)
         except Exception as e:  # a judge failure is "no score", never a crash
             log.warning("judge %s failed: %s", getattr(self.judge, "name", "?"), e)
             return Verdict(success=None, judge=getattr(self.judge, "name", "?"), reason=str(e))

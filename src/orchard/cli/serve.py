@@ -1,0 +1,43 @@
+"""`orchard serve`: run the Orchard service until interrupted."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from orchard.cli._common import examples, fail
+
+serve_app = typer.Typer()
+
+
+@serve_app.command(
+    epilog=examples(
+        "orchard serve                          # http://127.0.0.1:8080, no auth",
+        "orchard serve --uds /tmp/orchard.sock  # a Unix socket",
+        "ORCHARD_API_KEYS=alice:s3cret orchard serve --host 0.0.0.0",
+    )
+)
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    uds: Annotated[str | None, typer.Option(help="Listen on this Unix socket instead.")] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="Where sandboxes run: docker, local (runc), kubernetes, or auto (docker if an "
+            "engine answers, else local). Default: $ORCHARD_BACKEND, else auto.",
+            show_default=False,
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the Orchard service (REST API) until interrupted."""
+    from orchard.env.api import serve as run_service
+    from orchard.env.config import ConfigError, ServiceConfig
+
+    try:
+        config = ServiceConfig.from_env(backend=backend)
+        run_service(config, host=host, port=port, uds=uds, log_level=log_level)
+    except ConfigError as exc:
+        fail("bad_request", str(exc))
