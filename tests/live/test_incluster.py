@@ -210,7 +210,7 @@ def test_unschedulable_request_is_a_clear_error_and_leaks_nothing(
     before = {p["metadata"]["name"] for p in kget("pods", "-n", NS)["items"]}
     with pytest.raises(OrchardError) as info:
         client.sandboxes.create(sandbox_image, cpu=64, timeout_s=300)
-    assert info.value.code == "unschedulable" and info.value.status == 503
+    assert info.value.code == "unschedulable" and info.value.status == 503, info.value.message
     assert "Insufficient cpu" in info.value.message
     deadline = time.monotonic() + 30
     while {p["metadata"]["name"] for p in kget("pods", "-n", NS)["items"]} - before:
@@ -244,7 +244,7 @@ def test_pod_deleted_or_evicted_behind_the_services_back(
             time.sleep(0.5)
         with pytest.raises((NotFound, SandboxExited, OrchardError)):
             sb.exec("true")
-        client.sandboxes.delete(sb.id)
+        sb.delete(missing_ok=True)
     assert not kget("networkpolicies", "-n", NS, "-l", "orchard.dev/sandbox")["items"]
 
 
@@ -303,7 +303,7 @@ def test_api_server_restarted_mid_run(client: Orchard, sandbox_image: str) -> No
     while sb.id in {s.id for s in client.sandboxes.list() if s.status == "running"}:
         assert time.monotonic() < deadline, "the deleted pod is still listed as running"
         time.sleep(0.5)
-    client.sandboxes.delete(sb.id)
+    sb.delete(missing_ok=True)
 
 
 COMMANDS = [

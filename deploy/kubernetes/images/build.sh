@@ -45,7 +45,8 @@ base="$("$PY" -m orchard.env.images debian-python -p python3-venv -p ca-certific
 key="$(hash_of src pyproject.toml README.md LICENSE)-$base-$extras"
 if [ "$(current "$service")" != "$key" ]; then
   log "building $service (wheelhouse from this tree, then a venv in $base)"
-  "$PY" -m pip wheel -q --wheel-dir "$tmp/ctx/wheels" ".[$extras]" >&2
+  "$PY" -m pip wheel -q --wheel-dir "$tmp/ctx/wheels" ".[$extras]" >"$tmp/wheel.log" 2>&1 || {
+    cat "$tmp/wheel.log" >&2; exit 1; }
   cat >"$tmp/ctx/Dockerfile" <<EOF
 FROM $base
 COPY wheels /wheels

@@ -109,6 +109,9 @@ class KubernetesOptions:
     dns_selector: dict[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
     api_concurrency: int = 32
     pending_timeout_s: float = 300.0
+    # How long the scheduler may say "no node fits" before the create fails (503
+    # `unschedulable`); raise it when a cluster autoscaler adds nodes on demand.
+    unschedulable_timeout_s: float = 30.0
     retries: int = 5
     extra_labels: dict[str, str] = field(default_factory=dict)
 
@@ -124,6 +127,8 @@ class KubernetesOptions:
                 raise ValueError(f"blocked CIDR {cidr!r} is not a network") from None
         if self.api_concurrency < 1 or self.retries < 0 or self.pending_timeout_s <= 0:
             raise ValueError("api concurrency, retries and pending timeout must be positive")
+        if self.unschedulable_timeout_s < 0:
+            raise ValueError("the unschedulable timeout must not be negative")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> KubernetesOptions:
@@ -151,6 +156,7 @@ class KubernetesOptions:
             ("ORCHARD_K8S_DEFAULT_MEMORY_BYTES", "default_memory_bytes", int),
             ("ORCHARD_K8S_API_CONCURRENCY", "api_concurrency", int),
             ("ORCHARD_K8S_PENDING_TIMEOUT_S", "pending_timeout_s", float),
+            ("ORCHARD_K8S_UNSCHEDULABLE_TIMEOUT_S", "unschedulable_timeout_s", float),
             ("ORCHARD_K8S_RETRIES", "retries", int),
         ):
             if env.get(var):

@@ -345,6 +345,7 @@ class KubernetesBackend:
         """Until the pod runs with an IP. Image errors fail at once; the scheduler's reason
         is reported if the deadline passes. Between watch events, poll once a second."""
         event = self._event(sid)
+        unschedulable_since: float | None = None
         try:
             while True:
                 event.clear()
@@ -367,7 +368,17 @@ class KubernetesBackend:
                     raise InvalidRequest(f"sandbox {sid}: {problem[1]}")
                 if problem and problem[0] == "image_pull":
                     raise self._pull_error(sid, problem[1])
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                if problem and problem[0] == "unschedulable":
+                    unschedulable_since = unschedulable_since or now
+                    if now - unschedulable_since >= self.opts.unschedulable_timeout_s:
+                        raise Unschedulable(
+                            f"sandbox {sid} cannot be scheduled: {problem[1]}",
+                            details={"reason": problem[1]},
+                        )
+                else:
+                    unschedulable_since = None
+                left = deadline - now
                 if left <= 0:
                     why = problem[1] if problem else "still Pending"
                     stuck = (
