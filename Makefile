@@ -7,10 +7,10 @@ AGENT_BIN  := build/orchard-agent
 AGENT_SRC  := $(shell find agent -name "*.go" -not -name "*_test.go") agent/go.mod
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup agent lint test test-go test-py demo demo-env demo-gui demo-claw bench clean help
+.PHONY: setup agent lint test test-go test-py test-k8s cluster cluster-down demo demo-env demo-gui demo-claw bench clean help
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
 
 setup:  ## install what is missing (apt packages, .venv, agent) and start dockerd
 	@bash scripts/setup.sh
@@ -44,6 +44,15 @@ test: setup  ## lint, then go test and pytest (needs a Docker engine; setup star
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory test-go
 	@$(MAKE) --no-print-directory test-py
+
+test-k8s: setup  ## the live suite on a real Kubernetes cluster built from source (make cluster), Orchard deployed in it
+	@bash scripts/test-k8s.sh
+
+cluster:  ## build (once, cached by version) and start a real single-node Kubernetes cluster; prints its kubeconfig
+	@bash deploy/cluster/cluster.sh up
+
+cluster-down:  ## stop that cluster and remove every process, mount, veth, iptables chain and folder it made
+	@bash deploy/cluster/cluster.sh down
 
 demo: setup  ## Orchard's main job in miniature: SWE tasks solved, graded, tabulated
 	$(PY) -m orchard.swe.demo
