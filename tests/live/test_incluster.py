@@ -44,6 +44,18 @@ def pod_of(sandbox_id: str) -> dict[str, object]:
     return pods[0]  # type: ignore[no-any-return]
 
 
+def get_through_proxy(sb: Sandbox, port: int, path: str = "") -> httpx.Response:
+    """GET through the service's port proxy, once the server in the sandbox listens."""
+    url = sb.port_url(port, path, with_key=True)
+    deadline = time.monotonic() + 20
+    while True:
+        r = httpx.get(url, timeout=5)
+        if r.status_code == 200 or time.monotonic() > deadline:
+            assert r.status_code == 200, r.text
+            return r
+        time.sleep(0.3)
+
+
 def reach(sb: Sandbox, ip: str, port: int) -> bool:
     """Whether a TCP connection from inside the sandbox to ip:port gets through."""
     res = sb.exec(f"nc -w 3 {ip} {port} </dev/null", timeout_s=10)
@@ -58,6 +70,9 @@ def test_agent_is_injected_into_an_image_that_never_saw_it(
         assert res.exit_code == 0
         lines = res.stdout.split()
         assert lines[:2] == ["hi", "0"] and "orchard-agent" in lines
+        # The emptyDir is closed: no user in the sandbox can replace the root agent.
+        swap = sb.exec("cp /bin/busybox /.orchard/orchard-agent", user="nobody")
+        assert swap.exit_code != 0 and "ermission denied" in swap.stderr
         pod = pod_of(sb.id)
         spec = pod["spec"]
         assert isinstance(spec, dict)
@@ -111,14 +126,7 @@ def test_port_proxy_through_the_service(client: Orchard, sandbox_image: str) -> 
     with client.sandboxes.create(sandbox_image, timeout_s=300) as sb:
         sb.files.write("/www/index.html", b"served from the sandbox\n")
         sb.process.start("httpd -f -p 8000 -h /www")
-        url = sb.port_url(8000, "index.html", with_key=True)
-        deadline = time.monotonic() + 20
-        while True:
-            r = httpx.get(url, timeout=5)
-            if r.status_code == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.3)
-        assert r.status_code == 200 and r.text == "served from the sandbox\n"
+        assert get_through_proxy(sb, 8000, "index.html").text == "served from the sandbox\n"
 
 
 def test_egress_is_enforced_by_network_policy(
@@ -131,10 +139,11 @@ def test_egress_is_enforced_by_network_policy(
     svc_ip = kget("service", "-n", "orchard-system", "orchard")["spec"]["clusterIP"]
     api_ip = kget("service", "-n", "default", "kubernetes")["spec"]["clusterIP"]
     with client.sandboxes.create(sandbox_image, timeout_s=300) as other:
-        other.process.start("httpd -f -p 8000 -h /")
+        other.files.write("/www/index.html", b"other\n")
+        other.process.start("httpd -f -p 8000 -h /www")
         other_ip = str(pod_of(other.id)["status"]["podIP"])  # type: ignore[index]
         # Positive control: the port proxy (the service's own path) does reach it.
-        assert httpx.get(other.port_url(8000, with_key=True), timeout=10).status_code < 500
+        assert get_through_proxy(other, 8000).text == "other\n"
         never = {
             "other sandbox": (other_ip, 8000),
             "other sandbox's agent": (other_ip, 9090),

@@ -5,8 +5,8 @@ reach pod IPs (k3s on this host does; for kind see docs/kubernetes.md), and the 
 must be able to pull two images:
 
 - ORCHARD_TEST_K8S_INJECTOR_IMAGE: the injector (deploy/kubernetes/images/Dockerfile.injector;
-  `kind load docker-image` it for kind), default orchard/agent-injector:latest
-- ORCHARD_TEST_K8S_IMAGE: any image with /bin/sh, default busybox:1.36
+  `kind load docker-image` it for kind), default orchard/agent-injector:local
+- ORCHARD_TEST_K8S_IMAGE: any image with /bin/sh, default: busybox built offline and loaded
 
 Everything is made in ORCHARD_TEST_K8S_NAMESPACE (default orchard-live-test, created if
 missing) with a random instance label, and deleted afterwards.
@@ -33,7 +33,7 @@ from orchard.env.backends import k8s_objects as objs
 from orchard.env.backends.k8s_objects import KubernetesOptions
 from orchard.env.backends.kubernetes import KubernetesBackend
 from orchard.env.config import ServiceConfig
-from orchard.env.errors import ImageNotFound, RegistryUnavailable, Unavailable
+from orchard.env.errors import ImageNotFound, RegistryUnavailable, Unschedulable
 from orchard.env.models import NetworkPolicy, SandboxCreate
 from orchard.env.service import SandboxService
 
@@ -46,8 +46,7 @@ pytestmark = [
     ),
 ]
 NAMESPACE = os.environ.get("ORCHARD_TEST_K8S_NAMESPACE", "orchard-live-test")
-IMAGE = os.environ.get("ORCHARD_TEST_K8S_IMAGE", "busybox:1.36")
-INJECTOR = os.environ.get("ORCHARD_TEST_K8S_INJECTOR_IMAGE", "orchard/agent-injector:latest")
+INJECTOR = os.environ.get("ORCHARD_TEST_K8S_INJECTOR_IMAGE", "orchard/agent-injector:local")
 # pytest runs outside the cluster, so its address must pass the agents' ingress policy.
 INGRESS = os.environ.get("ORCHARD_TEST_K8S_INGRESS_CIDRS", "0.0.0.0/0").split(",")
 
@@ -66,6 +65,12 @@ def options(**kw: Any) -> KubernetesOptions:
     )
     base.update(kw)
     return KubernetesOptions(**base)
+
+
+@pytest.fixture
+def image(sandbox_image: str) -> str:
+    """Any image with /bin/sh (ORCHARD_TEST_K8S_IMAGE), else busybox built offline and loaded."""
+    return os.environ.get("ORCHARD_TEST_K8S_IMAGE") or sandbox_image
 
 
 @pytest.fixture
@@ -98,7 +103,7 @@ async def _service(opts: KubernetesOptions, tmp: Path) -> tuple[SandboxService, 
     return SandboxService(config, backend), backend
 
 
-async def test_objects_are_accepted_by_the_api_server(cluster: AsyncClient) -> None:
+async def test_objects_are_accepted_by_the_api_server(cluster: AsyncClient, image: str) -> None:
     """Server-side dry run of every variant: the cluster's own validation and admission."""
     from lightkube import codecs
 
@@ -107,7 +112,7 @@ async def test_objects_are_accepted_by_the_api_server(cluster: AsyncClient) -> N
 
     opts = options(node_selector={"kubernetes.io/os": "linux"}, priority_class=None)
     sp = SandboxSpec(
-        id="sb-dryrun", owner="o", image=IMAGE, agent_token="t", expires_at=time.time() + 60
+        id="sb-dryrun", owner="o", image=image, agent_token="t", expires_at=time.time() + 60
     )
     bodies = [objs.build_pod(sp, opts, time.time()), objs.build_baseline_policy(opts)]
     for policy, allow in [
@@ -121,10 +126,12 @@ async def test_objects_are_accepted_by_the_api_server(cluster: AsyncClient) -> N
         await cluster.create(codecs.from_dict(body), dry_run=True)
 
 
-async def test_lifecycle_exec_files_network_expiry(cluster: AsyncClient, tmp_path: Path) -> None:
+async def test_lifecycle_exec_files_network_expiry(
+    cluster: AsyncClient, tmp_path: Path, image: str
+) -> None:
     svc, _ = await _service(options(), tmp_path)
     try:
-        sb = await svc.create("alice", SandboxCreate(image=IMAGE, cmd=["sleep", "3600"]))
+        sb = await svc.create("alice", SandboxCreate(image=image, cmd=["sleep", "3600"]))
         assert sb.status == "ready"
         agent = await svc.agent("alice", sb.id)
         res = await agent.exec("echo hi; id -u")
@@ -141,18 +148,22 @@ async def test_lifecycle_exec_files_network_expiry(cluster: AsyncClient, tmp_pat
         await asyncio.sleep(1.5)
         removed = await svc.reconcile()
         assert sb.id in removed["expired"]
-        with pytest.raises(ApiError):
-            await cluster.get(Pod, objs.pod_name(sb.id), namespace=NAMESPACE)
+        # Deleted: gone, or terminating within its grace period (a real kubelet's pace).
+        with contextlib.suppress(ApiError):
+            pod = await cluster.get(Pod, objs.pod_name(sb.id), namespace=NAMESPACE)
+            assert pod.metadata is not None and pod.metadata.deletionTimestamp is not None
     finally:
         await svc.stop(delete_created=True)
 
 
-async def test_two_replicas_share_the_cluster(cluster: AsyncClient, tmp_path: Path) -> None:
+async def test_two_replicas_share_the_cluster(
+    cluster: AsyncClient, tmp_path: Path, image: str
+) -> None:
     opts = options()
     one, _ = await _service(opts, tmp_path / "a")
     two, _ = await _service(dataclasses.replace(opts), tmp_path / "b")
     try:
-        req = SandboxCreate(image=IMAGE, cmd=["sleep", "3600"], timeout_s=600)
+        req = SandboxCreate(image=image, cmd=["sleep", "3600"], timeout_s=600)
         sb = await one.create("alice", req)
         assert [s.id for s in await two.list_sandboxes("alice")] == [sb.id]
         agent = await two.agent("alice", sb.id)
@@ -167,12 +178,12 @@ async def test_two_replicas_share_the_cluster(cluster: AsyncClient, tmp_path: Pa
 
 
 async def test_unschedulable_and_missing_image_are_reported(
-    cluster: AsyncClient, tmp_path: Path
+    cluster: AsyncClient, tmp_path: Path, image: str
 ) -> None:
     svc, _ = await _service(options(pending_timeout_s=20.0), tmp_path)
     try:
-        with pytest.raises(Unavailable, match=r"Insufficient cpu|nodes are available"):
-            await svc.create("alice", SandboxCreate(image=IMAGE, cmd=["true"], cpu=200))
+        with pytest.raises(Unschedulable, match=r"Insufficient cpu|nodes are available"):
+            await svc.create("alice", SandboxCreate(image=image, cmd=["true"], cpu=200))
         with pytest.raises((ImageNotFound, RegistryUnavailable)):
             await svc.create("alice", SandboxCreate(image="orchard-test/no-such-image:0"))
         assert await svc.list_sandboxes("alice") == []

@@ -32,7 +32,7 @@ if [ "$(current "$injector")" != "$key" ]; then
   (cd deploy/kubernetes/images/injector && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/inj/orchard-inject" .)
   cp build/orchard-agent "$tmp/inj/"
   tar -C "$tmp/inj" --owner=0 --group=0 -c orchard-agent orchard-inject |
-    docker import -c 'USER 65534:65534' -c 'ENTRYPOINT ["/orchard-inject"]' \
+    docker import -c 'USER 0:0' -c 'ENTRYPOINT ["/orchard-inject"]' \
       -c "LABEL orchard.build=$key" - "$injector" >/dev/null
 fi
 echo "$injector"

@@ -6,7 +6,8 @@
 //	orchard-inject /orchard-agent /.orchard/orchard-agent
 //
 // The copy is written to a temporary name and renamed, so the sandbox container never
-// sees a half-written binary.
+// sees a half-written binary. The folder is then closed to 0755 (the kubelet makes an
+// emptyDir world-writable), so no user in the sandbox can replace the root agent.
 package main
 
 import (
@@ -38,7 +39,10 @@ func install(src, dst string) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), dst)
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return err
+	}
+	return os.Chmod(filepath.Dir(dst), 0o755)
 }
 
 func main() {

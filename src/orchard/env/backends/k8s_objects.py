@@ -275,15 +275,17 @@ def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> 
         "image": opts.injector_image,
         "imagePullPolicy": opts.image_pull_policy,
         "command": [INJECTOR_BINARY, INJECTOR_AGENT, AGENT_PATH],
+        # No more than the sandbox itself asks for: a pod's request is the larger of its
+        # init and main containers', and small sandboxes must stay small.
         "resources": {
-            "requests": {"cpu": "50m", "memory": "32Mi"},
-            "limits": {"cpu": "50m", "memory": "32Mi"},
+            "requests": {"cpu": _cpu(min(cpu, 0.05)), "memory": "32Mi"},
+            "limits": {"cpu": _cpu(min(cpu, 0.05)), "memory": "32Mi"},
         },
         "volumeMounts": mount,
-        # It only copies one file into a world-writable emptyDir: no privileges at all.
+        # Root with no capabilities at all: enough to own the emptyDir the kubelet made
+        # (root, 0777) and close it to 0755, so no sandbox user can replace the agent.
         "securityContext": {
-            "runAsUser": 65534,
-            "runAsNonRoot": True,
+            "runAsUser": 0,
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
