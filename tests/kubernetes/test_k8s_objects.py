@@ -218,3 +218,16 @@ def test_injector_copies_the_agent(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "vol").iterdir()] == ["orchard-agent"]
     bad = subprocess.run([str(out), str(tmp_path / "missing"), str(dst)], capture_output=True)
     assert bad.returncode == 1 and b"orchard-inject" in bad.stderr
+
+
+def test_small_default_sandboxes_may_burst() -> None:
+    """default_cpu is the request, default_cpu_limit the ceiling; a named cpu stays exact."""
+    opts = KubernetesOptions(default_cpu=0.01, default_cpu_limit=1.0)
+    pod = objs.build_pod(spec(), opts, 1.0)
+    main, init = pod["spec"]["containers"][0], pod["spec"]["initContainers"][0]
+    assert main["resources"]["requests"]["cpu"] == "10m"
+    assert main["resources"]["limits"]["cpu"] == "1000m"
+    assert init["resources"]["requests"]["cpu"] == "10m"  # never above the sandbox's
+    validate(pod)
+    exact = objs.build_pod(spec(cpu=0.5), opts, 1.0)["spec"]["containers"][0]["resources"]
+    assert exact["requests"] == exact["limits"]

@@ -164,8 +164,9 @@ def deployed() -> Iterator[Deployed]:
         yield dep
     finally:
         delete_all_sandboxes(dep)
-        kubectl("delete", "-f", "-", "--wait=true", "--timeout=180s", "--ignore-not-found",
-                input_text=rendered, check=False, timeout=240)  # fmt: skip
+        if not os.environ.get("ORCHARD_TEST_KEEP_DEPLOYMENT"):  # kept: a quick next run by hand
+            kubectl("delete", "-f", "-", "--wait=true", "--timeout=180s", "--ignore-not-found",
+                    input_text=rendered, check=False, timeout=240)  # fmt: skip
 
 
 @pytest.fixture(scope="session")

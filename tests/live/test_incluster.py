@@ -361,3 +361,31 @@ def test_100_sandboxes_x_4_commands(client: Orchard, sandbox_image: str) -> None
     (RESULTS / "k8s_stress.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nkubernetes stress: {json.dumps(report)}")
     assert all(results), report
+
+
+def test_latency_report(client: Orchard, sandbox_image: str) -> None:
+    """Create and exec latency through the in-cluster service, one caller at a time
+    (reported, not asserted: docs/kubernetes.md quotes bench/results/k8s_latency.json)."""
+    creates, execs = [], []
+    for _ in range(10):
+        t = time.monotonic()
+        sb = client.sandboxes.create(sandbox_image, timeout_s=300)
+        creates.append(time.monotonic() - t)
+        try:
+            for _ in range(20):
+                t = time.monotonic()
+                assert sb.exec("true").exit_code == 0
+                execs.append(time.monotonic() - t)
+        finally:
+            sb.delete()
+    creates.sort()
+    execs.sort()
+    report = {
+        "create_p50_s": round(creates[len(creates) // 2], 3),
+        "create_max_s": round(creates[-1], 3),
+        "exec_p50_ms": round(1000 * execs[len(execs) // 2], 2),
+        "exec_p99_ms": round(1000 * execs[int(len(execs) * 0.99)], 2),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "k8s_latency.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nkubernetes latency: {json.dumps(report)}")

@@ -100,6 +100,10 @@ class KubernetesOptions:
     service_account: str | None = None
     # Requests equal limits (Guaranteed QoS), so a sandbox's size is what it gets.
     default_cpu: float = 1.0
+    # A sandbox that asks for no cpu may burst to this (its request stays default_cpu), so
+    # many small sandboxes can share a node without each being throttled to a sliver.
+    # None: the limit is the request (Guaranteed QoS), as for a sandbox that names its cpu.
+    default_cpu_limit: float | None = None
     default_memory_bytes: int = 2 << 30
     ephemeral_storage: str = "10Gi"
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
@@ -153,6 +157,7 @@ class KubernetesOptions:
         for var, name, conv in (
             ("ORCHARD_K8S_AGENT_PORT", "agent_port", int),
             ("ORCHARD_K8S_DEFAULT_CPU", "default_cpu", float),
+            ("ORCHARD_K8S_DEFAULT_CPU_LIMIT", "default_cpu_limit", float),
             ("ORCHARD_K8S_DEFAULT_MEMORY_BYTES", "default_memory_bytes", int),
             ("ORCHARD_K8S_API_CONCURRENCY", "api_concurrency", int),
             ("ORCHARD_K8S_PENDING_TIMEOUT_S", "pending_timeout_s", float),
@@ -247,7 +252,10 @@ def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> 
     args = ["--listen", f":{opts.agent_port}", "--spill-dir", f"{AGENT_DIR}/spill"]
     if spec.cmd:
         args += ["--", *spec.cmd]
+    cpu_limit = spec.cpu or max(cpu, opts.default_cpu_limit or cpu)
     limits = {"cpu": _cpu(cpu), "memory": str(memory), "ephemeral-storage": opts.ephemeral_storage}
+    requests = dict(limits)
+    limits["cpu"] = _cpu(cpu_limit)
     env = [{"name": k, "value": v} for k, v in spec.env.items()]
     env.append({"name": "ORCHARD_AGENT_TOKEN", "value": spec.agent_token})
     mount = [{"name": "orchard-agent", "mountPath": AGENT_DIR}]
@@ -259,7 +267,7 @@ def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> 
         "args": args,
         "env": env,
         "ports": [{"name": "agent", "containerPort": opts.agent_port, "protocol": "TCP"}],
-        "resources": {"requests": dict(limits), "limits": limits},
+        "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mount,
         # Root, so the agent can run execs as any user; no escalation beyond that.
         "securityContext": {
@@ -279,7 +287,7 @@ def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> 
         # init and main containers', and small sandboxes must stay small.
         "resources": {
             "requests": {"cpu": _cpu(min(cpu, 0.05)), "memory": "32Mi"},
-            "limits": {"cpu": _cpu(min(cpu, 0.05)), "memory": "32Mi"},
+            "limits": {"cpu": _cpu(min(cpu_limit, 0.5)), "memory": "32Mi"},
         },
         "volumeMounts": mount,
         # Root with no capabilities at all: enough to own the emptyDir the kubelet made
