@@ -17,6 +17,7 @@ from orchard.env.backends.docker import DockerBackend
 from orchard.env.backends.local import CGROUP_PARENT, LocalBackend
 from orchard.env.backends.local_net import NETNS_DIR, netns_name, veth_names
 from orchard.env.network import EgressFirewall
+from tests.docker_names import container_of
 
 TEST_LABELS = {"orchard.test": "1"}
 BACKENDS = ("docker", "local")
@@ -57,7 +58,7 @@ class Harness:
     def kill(self, sandbox_id: str) -> None:
         """SIGKILL the sandbox's first process from the host, behind the backend's back."""
         if self.name == "docker":
-            name = f"orchard-{sandbox_id}"
+            name = container_of(sandbox_id)
             subprocess.run(["docker", "kill", name], capture_output=True, check=True)
             subprocess.run(["docker", "wait", name], capture_output=True, check=True)
             return
@@ -73,12 +74,7 @@ class Harness:
         if f"orchard:{sandbox_id}" in rules:
             found.append("iptables rules")
         if self.name == "docker":
-            ps = subprocess.run(
-                ["docker", "ps", "-aq", "--filter", f"name=orchard-{sandbox_id}"],
-                capture_output=True,
-                text=True,
-            )
-            return found + (["container"] if ps.stdout.strip() else [])
+            return found + (["container"] if container_of(sandbox_id) else [])
         mounts = Path("/proc/mounts").read_text()
         if f"/sandboxes/{sandbox_id}/" in mounts:
             found.append("mount")

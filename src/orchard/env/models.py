@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from orchard.env.input_limits import MIN_CPU, MIN_DISK_BYTES, check_env, check_labels, parse_size
+
 Encoding = Literal["text", "base64"]
 SandboxStatus = Literal["pending", "ready", "exited", "failed"]
 
@@ -67,8 +69,13 @@ class SandboxCreate(Model):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     user: str | None = Field(default=None, max_length=64)
-    cpu: float | None = Field(default=None, gt=0, le=256, description="CPU cores")
+    cpu: float | None = Field(default=None, ge=MIN_CPU, le=256, description="CPU cores")
     memory: str | int | None = Field(default=None, description="bytes, or e.g. '512m', '2g'")
+    disk: str | int | None = Field(
+        default=None,
+        description="what the sandbox may write to its root filesystem: bytes, or e.g. '10g' "
+        "(per backend: docs/backends.md)",
+    )
     pids_limit: int | None = Field(default=None, ge=8, le=1_000_000)
     timeout_s: float = Field(default=3600, gt=0, le=MAX_TTL_S, description="time to live")
     idle_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
@@ -82,14 +89,38 @@ class SandboxCreate(Model):
     def _no_nul(cls, v: dict[str, str]) -> dict[str, str]:
         for k, val in v.items():
             if not k or "\x00" in k or "\x00" in val or "=" in k:
-                raise ValueError(f"invalid key or value: {k!r}")
+                raise ValueError(f"invalid key or value: {k[:40]!r}")
         return v
+
+    @field_validator("labels")
+    @classmethod
+    def _bounded_labels(cls, v: dict[str, str]) -> dict[str, str]:
+        check_labels(v)
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _bounded_env(cls, v: dict[str, str]) -> dict[str, str]:
+        check_env(v)
+        return v
+
+    @field_validator("disk")
+    @classmethod
+    def _disk_size(cls, v: str | int | None) -> str | int | None:
+        parse_size(v, "disk", MIN_DISK_BYTES)
+        return v
+
+    @property
+    def disk_bytes(self) -> int | None:
+        """`disk` in bytes (validated already)."""
+        return parse_size(self.disk, "disk", MIN_DISK_BYTES)
 
 
 class Resources(Model):
     cpu: float | None = None
     memory_bytes: int | None = None
     pids_limit: int | None = None
+    disk_bytes: int | None = None
 
 
 class Sandbox(Model):
@@ -132,6 +163,12 @@ class ExecRequest(Model):
     timeout_s: float | None = Field(default=None, ge=0, le=MAX_TTL_S)
     max_output_bytes: int | None = Field(default=None, ge=1024, le=1 << 30)
     output_encoding: Encoding = "text"
+
+    @field_validator("env")
+    @classmethod
+    def _bounded_env(cls, v: dict[str, str]) -> dict[str, str]:
+        check_env(v)
+        return v
 
     @field_validator("cmd")
     @classmethod
