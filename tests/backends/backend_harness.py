@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from orchard.env.backends.docker import DockerBackend
 from orchard.env.backends.local import CGROUP_PARENT, LocalBackend
@@ -45,11 +45,14 @@ class Harness:
     state_dir: Path
     agent_binary: Path
 
-    def make(self) -> AnyBackend:
-        """A backend instance over the state folder (a second one = a service restart)."""
+    def make(self, **options: Any) -> AnyBackend:
+        """A backend instance over the state folder (a second one = a service restart);
+        `options` are what both backends take (image_policy, protect, default_disk_bytes)."""
         if self.name == "docker":
-            return DockerBackend(self.state_dir, self.agent_binary, extra_labels=TEST_LABELS)
-        return LocalBackend(self.state_dir, self.agent_binary, extra_labels=TEST_LABELS)
+            return DockerBackend(
+                self.state_dir, self.agent_binary, extra_labels=TEST_LABELS, **options
+            )
+        return LocalBackend(self.state_dir, self.agent_binary, extra_labels=TEST_LABELS, **options)
 
     @staticmethod
     def firewall(backend: AnyBackend) -> EgressFirewall:

@@ -30,7 +30,7 @@ class InputLimits:
     max_labels: int = 64
     max_label_key_bytes: int = 63
     max_label_value_bytes: int = 256
-    max_label_bytes: int = 16 * KIB  # keys and values together
+    max_label_bytes: int = 32 * KIB  # keys and values together (binds once quotas lower it)
     max_env: int = 256
     max_env_key_bytes: int = 1 * KIB
     max_env_value_bytes: int = 32 * KIB
@@ -54,7 +54,7 @@ def _check(
             raise ValueError(f"{what} value of {k[:40]!r} is {vb} bytes; at most {value}")
         size += kb + vb
     if size > total:
-        raise ValueError(f"{what} take {size} bytes in all; at most {total}")
+        raise ValueError(f"{what} entries take {size} bytes in all; at most {total}")
 
 
 def check_labels(labels: Mapping[str, str], limits: InputLimits = DEFAULT_LIMITS) -> None:

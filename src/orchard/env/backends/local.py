@@ -313,8 +313,8 @@ class LocalBackend(HostFolders):
             )
             if rc != 0:
                 tail = (box / "console.log").read_text(errors="replace")[-2000:]
-                what = "mount the root filesystem of" if rc == MOUNT_FAILED else "start"
-                failure = f"the runtime could not {what} sandbox {spec.id}"
+                what = "mount the rootfs of" if rc == MOUNT_FAILED else "start"
+                failure = f"runc could not {what} sandbox {spec.id}"
                 raise hidden(Unavailable, failure, tail, log)
             pid = int(pid_file.read_text())
             meta.update(pid=pid, pid_start=_start_time(pid))
