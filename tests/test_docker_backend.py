@@ -7,10 +7,8 @@ import json
 import os
 import secrets
 import subprocess
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from orchard.env.image_policy import ImagePolicy
 from orchard.env.models import NetworkPolicy
 from tests.backends.backend_harness import TEST_LABELS, owned
 from tests.docker_names import container_of
+from tests.servers import fake_registry
 
 pytestmark = pytest.mark.anyio
 
@@ -248,42 +247,10 @@ async def test_expiry_and_network_persist_in_meta(
         await backend.set_expiry("t-no-such-sandbox", new_expiry)
 
 
-class _RegistryThatKnowsNoImages(BaseHTTPRequestHandler):
-    """A stand-in registry (none can be reached here): speaks the v2 API, has no images."""
-
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Docker-Distribution-API-Version", "registry/2.0")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        if self.path.rstrip("/") == "/v2":
-            self._send(200, {})
-        else:
-            err = {"code": "MANIFEST_UNKNOWN", "message": "manifest unknown", "detail": {}}
-            self._send(404, {"errors": [err]})
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def empty_registry() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _RegistryThatKnowsNoImages)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with fake_registry() as address:
+        yield address
 
 
 async def test_missing_image_errors_fast(

@@ -13,6 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+M = TypeVar("M", bound=Mapping[str, str])
 
 KIB = 1 << 10
 # Beyond any machine, and within the engine's int64.
@@ -57,8 +60,8 @@ def _check(
         raise ValueError(f"{what} entries take {size} bytes in all; at most {total}")
 
 
-def check_labels(labels: Mapping[str, str], limits: InputLimits = DEFAULT_LIMITS) -> None:
-    """Raise ValueError (a 422 from a model validator) if the labels are too many or big."""
+def check_labels(labels: M, limits: InputLimits = DEFAULT_LIMITS) -> M:
+    """`labels`, or ValueError (a 422 from a model validator) if too many or too big."""
     lim = limits
     _check(
         "label",
@@ -68,14 +71,16 @@ def check_labels(labels: Mapping[str, str], limits: InputLimits = DEFAULT_LIMITS
         lim.max_label_value_bytes,
         lim.max_label_bytes,
     )
+    return labels
 
 
-def check_env(env: Mapping[str, str], limits: InputLimits = DEFAULT_LIMITS) -> None:
-    """Raise ValueError if the env is too many or too big."""
+def check_env(env: M, limits: InputLimits = DEFAULT_LIMITS) -> M:
+    """`env`, or ValueError if it has too many entries or too many bytes."""
     lim = limits
     _check(
         "env", env, lim.max_env, lim.max_env_key_bytes, lim.max_env_value_bytes, lim.max_env_bytes
     )
+    return env
 
 
 def parse_size(value: str | int | None, what: str, minimum: int) -> int | None:

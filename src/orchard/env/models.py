@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchard.env.input_limits import MIN_CPU, MIN_DISK_BYTES, check_env, check_labels, parse_size
 
@@ -19,6 +19,11 @@ SandboxStatus = Literal["pending", "ready", "exited", "failed"]
 # Upper bounds that keep one request from asking for something absurd.
 MAX_TTL_S = 7 * 24 * 3600
 MAX_BATCH = 1000
+
+
+# Bounded in count and size (input_limits.py): 422 past them.
+Env = Annotated[dict[str, str], AfterValidator(check_env)]
+Labels = Annotated[dict[str, str], AfterValidator(check_labels)]
 
 
 class Model(BaseModel):
@@ -66,7 +71,7 @@ class SandboxCreate(Model):
         default=None,
         description="run this (or, with [], the image's own entrypoint+cmd) under the agent",
     )
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     workdir: str | None = None
     user: str | None = Field(default=None, max_length=64)
     cpu: float | None = Field(default=None, ge=MIN_CPU, le=256, description="CPU cores")
@@ -80,7 +85,7 @@ class SandboxCreate(Model):
     timeout_s: float = Field(default=3600, gt=0, le=MAX_TTL_S, description="time to live")
     idle_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
     wait: bool = Field(default=True, description="answer only once the agent is ready")
     count: int = Field(default=1, ge=1, le=MAX_BATCH, description="batch size (batch route)")
 
@@ -90,18 +95,6 @@ class SandboxCreate(Model):
         for k, val in v.items():
             if not k or "\x00" in k or "\x00" in val or "=" in k:
                 raise ValueError(f"invalid key or value: {k[:40]!r}")
-        return v
-
-    @field_validator("labels")
-    @classmethod
-    def _bounded_labels(cls, v: dict[str, str]) -> dict[str, str]:
-        check_labels(v)
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _bounded_env(cls, v: dict[str, str]) -> dict[str, str]:
-        check_env(v)
         return v
 
     @field_validator("disk")
@@ -156,19 +149,13 @@ class TimeoutUpdate(Model):
 class ExecRequest(Model):
     cmd: str | list[str] = Field(description="a shell string (/bin/sh -c) or an argv list")
     cwd: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     user: str | None = None
     stdin: str | None = None
     stdin_b64: str | None = None
     timeout_s: float | None = Field(default=None, ge=0, le=MAX_TTL_S)
     max_output_bytes: int | None = Field(default=None, ge=1024, le=1 << 30)
     output_encoding: Encoding = "text"
-
-    @field_validator("env")
-    @classmethod
-    def _bounded_env(cls, v: dict[str, str]) -> dict[str, str]:
-        check_env(v)
-        return v
 
     @field_validator("cmd")
     @classmethod

@@ -8,8 +8,6 @@ tests use `shared_service` from the parent conftest (the Docker backend).
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,16 +20,9 @@ from tests.backends.backend_harness import AnyBackend
 
 # The contract suite's fixtures, re-exported here for this folder's tests.
 from tests.backends.conftest import backend, harness, web_target  # noqa: F401
+from tests.backends.test_backend_contract import make_spec
 
 PORT = 8080
-
-
-def spec_for(image: str, **kw: Any) -> SandboxSpec:
-    kw.setdefault("id", "h" + secrets.token_hex(6))
-    kw.setdefault("owner", "tenant-a")
-    kw.setdefault("agent_token", secrets.token_urlsafe(16))
-    kw.setdefault("expires_at", time.time() + 600)
-    return SandboxSpec(image=image, **kw)
 
 
 def web_cmd(text: str, port: int = PORT) -> list[str]:
@@ -68,7 +59,7 @@ async def boxes(backend: AnyBackend, busybox_image: str) -> AsyncIterator[MakeBo
     made: list[Box] = []
 
     async def make(**kw: Any) -> Box:
-        spec = spec_for(kw.pop("image", busybox_image), **kw)
+        spec = make_spec(kw.pop("image", busybox_image), **kw)
         rec = await backend.create(spec)
         assert rec.endpoint.socket_path
         agent = AgentClient(socket_path=rec.endpoint.socket_path, token=spec.agent_token)

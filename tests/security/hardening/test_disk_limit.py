@@ -14,7 +14,8 @@ import pytest
 from orchard.env.backends.docker import DockerBackend
 from orchard.env.errors import InvalidRequest
 from tests.backends.backend_harness import Harness, owned
-from tests.security.hardening.conftest import MakeBox, spec_for
+from tests.backends.test_backend_contract import make_spec
+from tests.security.hardening.conftest import MakeBox
 
 pytestmark = pytest.mark.anyio
 LIMIT = 32 << 20
@@ -23,7 +24,7 @@ FILL = "dd if=/dev/zero of=/fill bs=1M count=64 2>&1; df -k / | tail -1"
 
 async def _docker_enforces(backend: DockerBackend) -> bool:
     try:
-        await backend._check_disk(spec_for("x", disk_bytes=LIMIT))
+        await backend._check_disk(make_spec("x", disk_bytes=LIMIT))
     except InvalidRequest:
         return False
     return True
@@ -35,7 +36,7 @@ async def test_writes_stop_at_the_disk_limit(harness: Harness, boxes: MakeBox) -
             assert isinstance(probe, DockerBackend)
             if not await _docker_enforces(probe):
                 with pytest.raises(InvalidRequest, match="cannot limit a sandbox's disk"):
-                    await probe.create(spec_for("busybox", disk_bytes=LIMIT))
+                    await probe.create(make_spec("busybox", disk_bytes=LIMIT))
                 assert await probe.list() == []
                 return
     box = await boxes(disk_bytes=LIMIT)
@@ -50,7 +51,7 @@ async def test_writes_stop_at_the_disk_limit(harness: Harness, boxes: MakeBox) -
 
 async def test_a_default_disk_limit(harness: Harness, busybox_image: str) -> None:
     async with owned(harness.make(default_disk_bytes=LIMIT)) as backend:
-        rec = await backend.create(spec_for(busybox_image))
+        rec = await backend.create(make_spec(busybox_image))
         if isinstance(backend, DockerBackend) and not await _docker_enforces(backend):
             assert rec.disk_bytes is None  # not enforceable here: reported as unlimited
             return

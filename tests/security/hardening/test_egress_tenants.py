@@ -31,8 +31,9 @@ from orchard.env.network import (
     sandbox_rules,
 )
 from tests.backends.backend_harness import TEST_LABELS, AnyBackend, Harness, owned
+from tests.backends.test_backend_contract import make_spec
 from tests.security.conftest import KEY_BOB, Service, assert_error, create
-from tests.security.hardening.conftest import PORT, Box, MakeBox, spec_for, web_cmd
+from tests.security.hardening.conftest import PORT, Box, MakeBox, web_cmd
 
 pytestmark = pytest.mark.anyio
 
@@ -104,7 +105,7 @@ async def test_allow_entries_inside_protected_ranges_are_refused(
     for entry in refused:
         policy = NetworkPolicy(egress="allow", allow=["198.51.100.0/24", entry])
         with pytest.raises(EgressDenied) as denied:
-            await backend.create(spec_for(busybox_image, network=policy))
+            await backend.create(make_spec(busybox_image, network=policy))
         assert denied.value.status == 422 and denied.value.code == "egress_denied"
         with pytest.raises(EgressDenied):
             await backend.set_network(a.rec.id, policy)  # PUT /network
@@ -126,7 +127,7 @@ async def test_no_sandbox_reaches_the_other_backends_sandboxes(
         found: list[Box] = []
         for b in (docker, local):
             for policy, cmd in ((NetworkPolicy(egress="all"), web_cmd(b.name)), (wide, None)):
-                spec = spec_for(busybox_image, network=policy, cmd=cmd)
+                spec = make_spec(busybox_image, network=policy, cmd=cmd)
                 rec = await b.create(spec)
                 assert rec.endpoint.socket_path
                 agent = AgentClient(socket_path=rec.endpoint.socket_path, token=spec.agent_token)

@@ -18,9 +18,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,8 +31,9 @@ from orchard.env.errors import (
 )
 from orchard.env.image_policy import ImagePolicy, names_image, parse_reference
 from tests.backends.backend_harness import AnyBackend, Harness, owned
+from tests.backends.test_backend_contract import make_spec
 from tests.security.conftest import Service, assert_error
-from tests.security.hardening.conftest import spec_for
+from tests.servers import fake_registry
 
 pytestmark = pytest.mark.anyio
 BANNER = "SECRET-BANNER-" + secrets.token_hex(4)
@@ -79,39 +78,11 @@ def listener() -> Iterator[Listener]:
         lst.close()
 
 
-class _Chatty(BaseHTTPRequestHandler):
-    """Speaks just enough of the registry API, then answers with a banner of its own."""
-
-    def do_GET(self) -> None:
-        if self.path.rstrip("/") == "/v2":
-            self.send_response(200)
-            self.send_header("Docker-Distribution-API-Version", "registry/2.0")
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-            return
-        body = BANNER.encode()
-        self.send_response(404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def chatty_registry() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Chatty)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    """A registry that answers with a banner of its own (as any port might)."""
+    with fake_registry(BANNER.encode()) as address:
+        yield address
 
 
 def _resolves_privately(name: str) -> bool:
@@ -209,7 +180,7 @@ async def test_a_registry_on_the_host_is_never_contacted(
         images.append(f"{socket.gethostname()}:{port}/probe:x")
     for image in images:
         with pytest.raises(ImageRefused) as refused:
-            await backend.create(spec_for(image))
+            await backend.create(make_spec(image))
         assert refused.value.status == 422 and refused.value.code == "image_refused"
     assert listener.connections == 0
     assert await backend.list() == []
@@ -224,7 +195,7 @@ async def test_a_registrys_answer_never_reaches_the_caller(
         for registry in (chatty_registry, closed):
             image = f"{registry}/probe:x"
             with caplog.at_level(logging.WARNING), pytest.raises(OrchardError) as failed:
-                await backend.create(spec_for(image))
+                await backend.create(make_spec(image))
             err = failed.value
             assert isinstance(err, RegistryUnavailable | ImageNotFound), err
             assert image in err.message  # what the caller asked for, and nothing else:
@@ -267,13 +238,13 @@ async def test_image_ids_and_untagged_images_never_run(
 ) -> None:
     for ref in (f"sha256:{dangling_image}", dangling_image):
         with pytest.raises(ImageRefused):
-            await backend.create(spec_for(ref))
+            await backend.create(make_spec(ref))
     # A prefix is a name (docker.io/library/<prefix>): never the image the id search finds.
     for prefix in (dangling_image[:12], dangling_image[:4]):
         with pytest.raises((ImageNotFound, RegistryUnavailable)):
-            await backend.create(spec_for(prefix))
+            await backend.create(make_spec(prefix))
     assert await backend.list() == []
-    rec = await backend.create(spec_for(busybox_image))  # names still work
+    rec = await backend.create(make_spec(busybox_image))  # names still work
     assert rec.state == "running"
 
 

@@ -18,8 +18,8 @@ from orchard.env.errors import Unavailable
 from orchard.env.input_limits import DEFAULT_LIMITS as LIM
 from orchard.env.models import ExecRequest, SandboxCreate
 from tests.backends.backend_harness import AnyBackend
+from tests.backends.test_backend_contract import make_spec
 from tests.security.conftest import Service, assert_error
-from tests.security.hardening.conftest import spec_for
 
 
 def _refused(**body: object) -> str:
@@ -62,7 +62,7 @@ async def test_a_runtimes_failure_text_never_reaches_the_caller(
 ) -> None:
     """Below the model's bound (as a backend may still be asked): runc refuses the quota."""
     with caplog.at_level(logging.WARNING), pytest.raises(Unavailable) as failed:
-        await backend.create(spec_for(busybox_image, cpu=0.001))
+        await backend.create(make_spec(busybox_image, cpu=0.001))
     err = failed.value
     assert err.code == "unavailable" and err.status == 503
     for leak in ("cgroup", "/sys/", "cfs_quota", "runc create", "OCI", "invalid argument"):
