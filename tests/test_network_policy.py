@@ -33,7 +33,7 @@ from orchard.env.network import (
     sandbox_rules,
 )
 from tests.backends.backend_harness import TEST_LABELS, owned
-from tests.docker_names import container_of
+from tests.docker_util import container_of
 
 TARGET_NET = "orchard-test-targets"
 PORT = 8080

@@ -15,7 +15,7 @@ import pytest
 
 from orchard.env.api import EmbeddedService, serve
 from orchard.env.config import ConfigError, ServiceConfig
-from tests.docker_names import container_of
+from tests.docker_util import container_of
 
 KEY = "lifecycle-key-0123456789"
 Factory = Callable[..., EmbeddedService]

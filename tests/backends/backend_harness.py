@@ -17,7 +17,7 @@ from orchard.env.backends.docker import DockerBackend
 from orchard.env.backends.local import CGROUP_PARENT, LocalBackend
 from orchard.env.backends.local_net import NETNS_DIR, netns_name, veth_names
 from orchard.env.network import EgressFirewall
-from tests.docker_names import container_of
+from tests.docker_util import container_of
 
 TEST_LABELS = {"orchard.test": "1"}
 BACKENDS = ("docker", "local")

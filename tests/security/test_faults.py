@@ -22,7 +22,7 @@ import docker  # type: ignore[import-untyped]
 import httpx
 import pytest
 
-from tests.docker_names import container_of
+from tests.docker_util import container_of
 from tests.security.conftest import (
     Service,
     ServiceFactory,

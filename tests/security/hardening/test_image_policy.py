@@ -32,6 +32,7 @@ from orchard.env.errors import (
 from orchard.env.image_policy import ImagePolicy, names_image, parse_reference
 from tests.backends.backend_harness import AnyBackend, Harness, owned
 from tests.backends.test_backend_contract import make_spec
+from tests.docker_util import commit_image
 from tests.security.conftest import Service, assert_error
 from tests.servers import fake_registry
 
@@ -209,22 +210,7 @@ async def test_a_registrys_answer_never_reaches_the_caller(
 @pytest.fixture
 def dangling_image(busybox_image: str) -> Iterator[str]:
     """The id of an untagged image (a `docker commit` without a name)."""
-    cid = subprocess.run(
-        ["docker", "create", "--label", "orchard.test=1", busybox_image],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    try:
-        out = subprocess.run(
-            ["docker", "commit", "--change", f"LABEL orchard.test.dangling={BANNER}", cid],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    finally:
-        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, check=False)
-    image_id = out.partition(":")[2]
+    image_id = commit_image(busybox_image, [f"LABEL orchard.test.dangling={BANNER}"])
     data = json.loads(subprocess.check_output(["docker", "image", "inspect", image_id]))[0]
     assert data["RepoTags"] == []
     try:

@@ -15,7 +15,7 @@ import pytest
 
 from orchard.env.models import NetworkPolicy
 from tests.backends.backend_harness import AnyBackend, Harness
-from tests.docker_names import container_of
+from tests.docker_util import container_of
 from tests.security.hardening.conftest import MakeBox
 
 pytestmark = pytest.mark.anyio
