@@ -31,18 +31,16 @@ import os
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiodocker
-import aiohttp
 from aiodocker.exceptions import DockerError
 
 from orchard.env.backends import agent_socket
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
-from orchard.env.backends.failures import hidden, public_text
+from orchard.env.backends.docker_images import DockerImages, ImageInfo, engine
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
 from orchard.env.config import load_secret
 from orchard.env.errors import (
@@ -50,12 +48,10 @@ from orchard.env.errors import (
     ImageNotFound,
     InvalidRequest,
     NotFound,
-    OrchardError,
-    RegistryUnavailable,
     SandboxExited,
     Unavailable,
 )
-from orchard.env.image_policy import ImagePolicy, ImageRef, names_image
+from orchard.env.image_policy import ImagePolicy
 from orchard.env.models import NetworkPolicy
 from orchard.env.network import (
     DEFAULT_NETWORK,
@@ -76,9 +72,6 @@ DEFAULT_PIDS_LIMIT = 4096
 # `pids_limit` counts the user's processes, and a small one must not stop the agent from
 # starting ("failed to create new OS thread") or from serving once a fork bomb fills the rest.
 AGENT_PIDS_RESERVE = 32
-# How long an image name -> (id, config) lookup is trusted; creates of one image in a burst
-# then cost one inspect, and a re-tagged image is picked up soon after.
-IMAGE_CACHE_TTL_S = 30.0
 # The key of container names (see the module docstring), in the state folder.
 NAME_KEY_FILE = "docker-names.key"
 # The engine refuses smaller memory limits (with a 400 that names its own minimum).
@@ -90,34 +83,6 @@ MIN_MEMORY_BYTES = 6 << 20
 # CHOWN, DAC_OVERRIDE, FOWNER and KILL stay: the agent needs them to act as other users.
 CAP_DROP = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP")
 _EXIT_RE = re.compile(r"Exited \((-?\d+)\)")
-_NO_ANSWER = "the docker engine did not answer"
-_UNREACHABLE = (
-    "dial tcp",
-    "no such host",
-    "connection refused",
-    "i/o timeout",
-    "timeout",
-    "tls",
-    "network is unreachable",
-    "server misbehaving",
-    "eof",
-)
-_MISSING = (
-    "manifest unknown",
-    "not found",
-    "repository does not exist",
-    "pull access denied",
-    "name unknown",
-    "no such image",
-)
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    id: str
-    entrypoint: list[str]
-    cmd: list[str]
-    user: str
 
 
 def _name(key: bytes, sandbox_id: str) -> str:
@@ -147,18 +112,6 @@ def _disk_support(info: Mapping[str, Any]) -> str:
     if driver in ("overlay2", "overlay") and backing == "xfs":
         return ""  # needs the pquota mount option too; a create without it is refused
     return f"storage driver {driver or '?'} on {backing or '?'} has no per-container quota"
-
-
-def _engine_error(what: str, e: DockerError) -> OrchardError:
-    """The typed error of an engine answer; its text is shown only for a harmless 4xx."""
-    raw = str(e.message)
-    text = public_text(raw) if e.status < 500 else None
-    by_status: dict[int, type[OrchardError]] = {400: InvalidRequest, 404: NotFound, 409: Conflict}
-    cls = by_status.get(e.status, Unavailable)
-    if text is not None and cls is not Unavailable:
-        return cls(f"{what}: {text}")
-    failed = "failed" if cls is Unavailable else "refused it"
-    return hidden(cls, f"{what}: the docker engine {failed}", f"{e.status}: {raw}", log)
 
 
 def _state(status: str) -> BackendState:
@@ -199,7 +152,8 @@ class DockerBackend(HostFolders):
         self.default_pids_limit = default_pids_limit
         self.pull_timeout_s = pull_timeout_s
         self.extra_labels = dict(extra_labels or {})
-        self.image_policy = image_policy or ImagePolicy()
+        policy = image_policy or ImagePolicy()
+        self.images = DockerImages(lambda: self.docker, policy, pull_timeout_s)
         self.default_disk_bytes = default_disk_bytes
         self.firewall = EgressFirewall(subnet, protect=protect)
         self._name_key = load_secret(self.state_dir, NAME_KEY_FILE)
@@ -208,8 +162,6 @@ class DockerBackend(HostFolders):
         self._docker: aiodocker.Docker | None = None
         self._net_ready = False
         self._net_lock = asyncio.Lock()
-        self._images: dict[str, tuple[float, ImageInfo]] = {}
-        self._image_locks: dict[str, asyncio.Lock] = {}
         self._creating: set[str] = set()
         # Sandboxes get no IPv6 at all, so link-local addresses cannot reach host services.
         self._sysctls = (
@@ -235,86 +187,6 @@ class DockerBackend(HostFolders):
         """Where a sandbox's container may be: its name, then the name of older versions."""
         return self._container_name(sandbox_id), f"orchard-{sandbox_id}"
 
-    @contextlib.asynccontextmanager
-    async def _engine(self, what: str) -> AsyncIterator[None]:
-        """Turn engine failures into typed errors; callers handle the statuses they expect."""
-        try:
-            yield
-        except OrchardError:
-            raise
-        except DockerError as e:
-            raise _engine_error(what, e) from e
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            raise hidden(Unavailable, f"{what}: {_NO_ANSWER}", str(e), log) from e
-
-    # ------------------------------------------------------------ images
-
-    async def _image(self, name: str) -> ImageInfo:
-        """Inspect (pulling if missing) once per name and TTL, even under a burst of creates.
-
-        The policy is checked first, every time (it is cheap); the engine is asked only by
-        the canonical name, and the image it has must carry that name (never an id match).
-        """
-        ref = self.image_policy.check(name)
-        hit = self._images.get(name)
-        if hit and time.monotonic() - hit[0] < IMAGE_CACHE_TTL_S:
-            return hit[1]
-        lock = self._image_locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            hit = self._images.get(name)
-            if hit and time.monotonic() - hit[0] < IMAGE_CACHE_TTL_S:
-                return hit[1]
-            data = await self._inspect_image(ref)
-            if data is None:
-                await self.image_policy.check_pull(ref)
-                await self._pull(name, ref.canonical)
-                data = await self._inspect_image(ref)
-                if data is None:
-                    raise ImageNotFound(f"image {name!r} not found")
-            cfg = data.get("Config") or {}
-            info = ImageInfo(
-                id=str(data["Id"]),
-                entrypoint=list(cfg.get("Entrypoint") or []),
-                cmd=list(cfg.get("Cmd") or []),
-                user=str(cfg.get("User") or ""),
-            )
-            self._images[name] = (time.monotonic(), info)
-            return info
-
-    async def _inspect_image(self, ref: ImageRef) -> dict[str, Any] | None:
-        """The engine's image named `ref`, or None (not there, or only an id matches)."""
-        try:
-            async with self._engine(f"inspect image {ref.canonical!r}"):
-                data: dict[str, Any] = await self.docker.images.inspect(ref.canonical)
-        except NotFound:
-            return None
-        return data if names_image(ref, data) else None
-
-    async def _pull(self, name: str, canonical: str) -> None:
-        """Pull; the registry's answer is classified, logged, and never shown to the caller."""
-        log.info("pulling %s", canonical)
-        try:
-            async with asyncio.timeout(self.pull_timeout_s):
-                await self.docker.images.pull(canonical)
-        except TimeoutError as e:
-            raise RegistryUnavailable(
-                f"pulling image {name!r} took over {self.pull_timeout_s:.0f} s"
-            ) from e
-        except DockerError as e:
-            raw = str(e.message)
-            low = raw.lower()
-            if e.status == 400 or "invalid reference" in low:
-                raise hidden(InvalidRequest, f"invalid image reference {name!r}", raw, log) from e
-            if any(m in low for m in _UNREACHABLE):
-                raise hidden(
-                    RegistryUnavailable, f"cannot pull image {name!r}: no registry answer", raw, log
-                ) from e
-            if e.status == 404 or any(m in low for m in _MISSING):
-                raise hidden(ImageNotFound, f"image {name!r} not found", raw, log) from e
-            raise hidden(RegistryUnavailable, f"cannot pull image {name!r}", raw, log) from e
-        except (aiohttp.ClientError, OSError) as e:
-            raise hidden(Unavailable, f"pulling image {name!r}: {_NO_ANSWER}", str(e), log) from e
-
     # ------------------------------------------------------------ network
 
     async def _ensure_network(self) -> None:
@@ -324,7 +196,7 @@ class DockerBackend(HostFolders):
         async with self._net_lock:
             if self._net_ready:
                 return
-            async with self._engine(f"network {self.network_name}"):
+            async with engine(f"network {self.network_name}"):
                 try:
                     info = await (await self.docker.networks.get(self.network_name)).show()
                 except DockerError as e:
@@ -466,7 +338,7 @@ class DockerBackend(HostFolders):
         if not (spec.disk_bytes or self.default_disk_bytes):
             return
         if self._disk_support is None:
-            async with self._engine("docker info"):
+            async with engine("docker info"):
                 info = await self.docker.system.info()
             self._disk_support = _disk_support(info)
             if self._disk_support:
@@ -486,7 +358,7 @@ class DockerBackend(HostFolders):
         await self._check_disk(spec)
         egress = spec.network.egress
         allow = await self._allow(spec.network)
-        image = await self._image(spec.image)
+        image = await self.images.get(spec.image)
         if egress != "none":
             await self._ensure_network()
         box = self._box(spec.id)
@@ -511,14 +383,14 @@ class DockerBackend(HostFolders):
             )
             config = self._config(spec, image, labels)
             name = self._container_name(spec.id)
-            async with self._engine(f"create sandbox {spec.id}"):
+            async with engine(f"create sandbox {spec.id}"):
                 try:
                     container = await self._network_retry(
                         lambda: self.docker.containers.create(config, name=name)
                     )
                 except DockerError as e:
                     if e.status == 404 and "image" in str(e.message).lower():
-                        self._images.pop(spec.image, None)  # it went away since we inspected it
+                        self.images.forget(spec.image)  # it went away since we inspected it
                         raise ImageNotFound(f"image {spec.image!r} is gone") from e
                     raise
                 await self._network_retry(container.start)
@@ -596,7 +468,7 @@ class DockerBackend(HostFolders):
     async def _inspect(self, sandbox_id: str) -> dict[str, Any] | None:
         for name in self._names(sandbox_id):
             try:
-                async with self._engine(f"inspect sandbox {sandbox_id}"):
+                async with engine(f"inspect sandbox {sandbox_id}"):
                     container = await self.docker.containers.get(name)
             except NotFound:
                 continue
@@ -609,7 +481,7 @@ class DockerBackend(HostFolders):
 
     async def list(self) -> list[SandboxRecord]:
         filters = {"label": ["orchard.managed=1", f"orchard.state_dir={self.state_dir}"]}
-        async with self._engine("list sandboxes"):
+        async with engine("list sandboxes"):
             containers = await self.docker.containers.list(all="1", filters=json.dumps(filters))
         records = []
         for c in containers:
@@ -653,7 +525,7 @@ class DockerBackend(HostFolders):
         # Recorded first, so a crash half-way still leaves delete() knowing there are rules.
         self._update_meta(sandbox_id, network=policy.model_dump())
         try:
-            async with self._engine(f"network of sandbox {sandbox_id}"):
+            async with engine(f"network of sandbox {sandbox_id}"):
                 if policy.egress == "none":
                     await self.firewall.remove(sandbox_id)
                     if self.network_name in attached:
@@ -686,7 +558,7 @@ class DockerBackend(HostFolders):
             return  # no sandbox can have such an id
         for name in self._names(sandbox_id):
             try:
-                async with self._engine(f"delete sandbox {sandbox_id}"):
+                async with engine(f"delete sandbox {sandbox_id}"):
                     await self.docker.containers.container(name).delete(force=True, v=True)
             except NotFound:
                 continue  # gone already, or made by an older version under its old name
