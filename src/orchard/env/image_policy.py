@@ -10,11 +10,12 @@ Both backends check every reference here before the engine (or skopeo) is asked 
   `image: "127.0.0.1:18903/x"` made the engine connect to a port on the host and echo its
   answer (a port scanner).
 - **Names, never ids.** `0`, hex prefixes and `sha256:<id>` started whatever image the
-  engine's id search matched, untagged ones included. A bare id (`sha256:…`, 64 hex) is
-  refused; every other reference is looked up by its canonical name
-  (`docker.io/library/0:latest`, for which the engine does no id search) and the image
-  found must carry that name (`names_image`): a dangling image has none, so it never runs.
-  A digest is welcome as part of a name: `repo@sha256:…`.
+  engine's id search matched, untagged ones included. An id (`sha256:…`, 64 hex) and a
+  bare hex word that could be an id prefix (`0`, `3f2a`: no tag, no namespace) are
+  refused (write `0:latest` for an image of that name); every other reference is looked
+  up by its canonical name (`docker.io/library/busybox:latest`, for which the engine does
+  no id search) and the image found must carry that name (`names_image`): a dangling
+  image has none, so it never runs. A digest is welcome as part of a name: `repo@sha256:…`.
 - **Host files.** The runc backend also reads `oci:<dir>[:tag]` and `docker-archive:<tar>`;
   those paths must lie under a folder the operator lists (none by default).
 
@@ -51,6 +52,7 @@ _DOMAIN_RE = re.compile(
 _TAG_RE = re.compile(r"[\w][\w.-]{0,127}")
 _DIGEST_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
 _ID_RE = re.compile(r"(?:sha256:)?[0-9a-f]{64}")
+_HEX_RE = re.compile(r"[0-9a-f]+")
 RESOLVE_TIMEOUT_S = 5.0
 
 
@@ -101,6 +103,11 @@ def parse_reference(image: str) -> ImageRef:
             raise InvalidRequest(f"invalid image reference {image[:80]!r}: bad tag")
     if len(name) > _MAX_NAME:
         raise InvalidRequest(f"invalid image reference {image[:80]!r}: name too long")
+    if not tag and not digest and _HEX_RE.fullmatch(name):
+        raise ImageRefused(
+            f"image {image[:80]!r} looks like an image id prefix: name the image "
+            f"({name[:40]}:latest, or repo@sha256:…)"
+        )
     first, sep, rest = name.partition("/")
     if sep and (any(c in first for c in ".:") or first == "localhost" or first != first.lower()):
         registry, path = first, rest

@@ -100,7 +100,7 @@ def _resolves_privately(name: str) -> bool:
 def test_references_parse_as_the_engine_parses_them() -> None:
     cases = {
         "busybox": "docker.io/library/busybox:latest",
-        "0": "docker.io/library/0:latest",  # a name, never an id prefix
+        "0:latest": "docker.io/library/0:latest",  # with a tag, a name (never an id prefix)
         "orchard/busybox:v1": "docker.io/orchard/busybox:v1",
         "index.docker.io/x/y": "docker.io/x/y:latest",
         "ghcr.io/a/b:c": "ghcr.io/a/b:c",
@@ -110,7 +110,7 @@ def test_references_parse_as_the_engine_parses_them() -> None:
     assert {k: parse_reference(k).canonical for k in cases} == cases
     digest = "sha256:" + "a" * 64
     assert parse_reference(f"busybox@{digest}").digest == digest
-    for image_id in (digest, "a" * 64):
+    for image_id in (digest, "a" * 64, "0", "3f2a", "deadbeef"):  # ids, or id prefixes
         with pytest.raises(ImageRefused):
             parse_reference(image_id)
     for bad in ("Busybox/UP", "a b", "x:", "x@sha256:zz"):
@@ -222,13 +222,14 @@ def dangling_image(busybox_image: str) -> Iterator[str]:
 async def test_image_ids_and_untagged_images_never_run(
     backend: AnyBackend, dangling_image: str, busybox_image: str
 ) -> None:
-    for ref in (f"sha256:{dangling_image}", dangling_image):
+    refs = (f"sha256:{dangling_image}", dangling_image, dangling_image[:12], dangling_image[:1])
+    for ref in refs:
         with pytest.raises(ImageRefused):
             await backend.create(make_spec(ref))
-    # A prefix is a name (docker.io/library/<prefix>): never the image the id search finds.
-    for prefix in (dangling_image[:12], dangling_image[:4]):
-        with pytest.raises((ImageNotFound, RegistryUnavailable)):
-            await backend.create(make_spec(prefix))
+    # With a tag it is a name (docker.io/library/<prefix>:latest): looked up and pulled as
+    # that, never the image an id search would find.
+    with pytest.raises((ImageNotFound, RegistryUnavailable)):
+        await backend.create(make_spec(f"{dangling_image[:12]}:latest"))
     assert await backend.list() == []
     rec = await backend.create(make_spec(busybox_image))  # names still work
     assert rec.state == "running"
@@ -241,10 +242,11 @@ def test_rest_refuses_images_from_the_host(
     shared_service: Service, listener: Listener, dangling_image: str
 ) -> None:
     with shared_service.client() as c:
-        for image in (f"127.0.0.1:{listener.port}/probe:x", f"sha256:{dangling_image}"):
+        images = (f"127.0.0.1:{listener.port}/probe:x", f"sha256:{dangling_image}", "0")
+        for image in images:
             r = c.post("/v1/sandboxes", json={"image": image})
             assert_error(r, 422, "image_refused")
-        r = c.post("/v1/sandboxes", json={"image": dangling_image[:12]})
+        r = c.post("/v1/sandboxes", json={"image": f"{dangling_image[:12]}:latest"})
         assert r.status_code in (404, 503), r.text  # looked up (and pulled) by name only
         assert BANNER not in r.text
     assert listener.connections == 0
