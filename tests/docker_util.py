@@ -21,6 +21,15 @@ def container_of(sandbox_id: str) -> str:
     return out[0] if out else ""
 
 
+# The image config a real image has (ENV, WORKDIR, USER, a CMD), for busybox-derived images.
+DERIVED_CHANGES = (
+    "ENV GREETING=hello-from-image",
+    "WORKDIR /srv/app",
+    "USER 1000:1000",
+    'CMD ["sh", "-c", "echo $GREETING > /tmp/cmd-ran; exec sleep 600"]',
+)
+
+
 def commit_image(base: str, changes: Sequence[str], tag: str | None = None) -> str:
     """`base` with Dockerfile `changes` committed as `tag` (untagged if None); its tag or id."""
     cid = subprocess.run(

@@ -32,7 +32,7 @@ from orchard.env.errors import (
 from orchard.env.image_policy import ImagePolicy
 from orchard.env.models import NetworkPolicy
 from tests.backends.backend_harness import TEST_LABELS, owned
-from tests.docker_util import commit_image, container_of
+from tests.docker_util import DERIVED_CHANGES, commit_image, container_of
 from tests.servers import fake_registry
 
 pytestmark = pytest.mark.anyio
@@ -73,13 +73,7 @@ def derived_image(busybox_image: str) -> str:
     tag = "orchard-test/derived:" + hashlib.sha256(busybox_image.encode()).hexdigest()[:12]
     if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
         return tag
-    changes = [
-        "ENV GREETING=hello-from-image",
-        "WORKDIR /srv/app",
-        "USER 1000:1000",
-        'CMD ["sh", "-c", "echo $GREETING > /tmp/cmd-ran; exec sleep 600"]',
-    ]
-    return commit_image(busybox_image, changes, tag)
+    return commit_image(busybox_image, DERIVED_CHANGES, tag)
 
 
 async def test_lifecycle(backend: DockerBackend, busybox_image: str) -> None:

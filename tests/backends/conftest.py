@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.backends.backend_harness import BACKENDS, AnyBackend, Harness
-from tests.docker_util import commit_image
+from tests.docker_util import DERIVED_CHANGES, commit_image
 
 
 @pytest.fixture(params=BACKENDS)
@@ -47,13 +47,7 @@ def derived_image(busybox_image: str) -> str:
     tag = "orchard-test/contract:" + hashlib.sha256(busybox_image.encode()).hexdigest()[:12]
     if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
         return tag
-    changes = [
-        "ENV GREETING=hello-from-image",
-        "WORKDIR /srv/app",
-        "USER 1000:1000",
-        'CMD ["sh", "-c", "echo $GREETING > /tmp/cmd-ran; exec sleep 600"]',
-    ]
-    return commit_image(busybox_image, changes, tag)
+    return commit_image(busybox_image, DERIVED_CHANGES, tag)
 
 
 @pytest.fixture(scope="module")
