@@ -35,10 +35,29 @@ def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def containers_of(ids: list[str]) -> list[str]:
+    """The containers of these sandboxes: found by label, as names are an HMAC of the id."""
+    out = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            "label=orchard.sandbox",
+            "--format",
+            '{{.ID}} {{.Label "orchard.sandbox"}}',
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout
+    wanted = set(ids)
+    return [c for c, _, sid in (line.partition(" ") for line in out.splitlines()) if sid in wanted]
+
+
 def agent_pids(ids: list[str]) -> list[int]:
     fmt = "{{.State.Pid}}"
     out = subprocess.run(
-        ["docker", "inspect", "-f", fmt, *(f"orchard-{i}" for i in ids)],
+        ["docker", "inspect", "-f", fmt, *containers_of(ids)],
         capture_output=True,
         text=True,
     ).stdout.split()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +52,45 @@ def wait_listening(
             proc.kill()
             pytest.fail(f"{what} did not listen on {sock} (exit {proc.poll()})")
         time.sleep(poll_s)
+
+
+# What a registry answers for an image it does not have (the v2 API's error body).
+MANIFEST_UNKNOWN = json.dumps(
+    {"errors": [{"code": "MANIFEST_UNKNOWN", "message": "manifest unknown", "detail": {}}]}
+).encode()
+
+
+@contextlib.contextmanager
+def fake_registry(answer: bytes = MANIFEST_UNKNOWN) -> Iterator[str]:
+    """A stand-in registry on 127.0.0.1 (none can be reached here): `/v2/` answers as the
+    v2 API does, every other path 404 with `answer`. Yields its `host:port`."""
+
+    class Registry(BaseHTTPRequestHandler):
+        def _send(self, status: int, data: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Docker-Distribution-API-Version", "registry/2.0")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") == "/v2":
+                self._send(200, b"{}")
+            else:
+                self._send(404, answer)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -7,10 +7,8 @@ import json
 import os
 import secrets
 import subprocess
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +29,11 @@ from orchard.env.errors import (
     NotFound,
     RegistryUnavailable,
 )
+from orchard.env.image_policy import ImagePolicy
 from orchard.env.models import NetworkPolicy
 from tests.backends.backend_harness import TEST_LABELS, owned
+from tests.docker_util import DERIVED_CHANGES, commit_image, container_of
+from tests.servers import fake_registry
 
 pytestmark = pytest.mark.anyio
 
@@ -72,24 +73,7 @@ def derived_image(busybox_image: str) -> str:
     tag = "orchard-test/derived:" + hashlib.sha256(busybox_image.encode()).hexdigest()[:12]
     if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
         return tag
-    cid = subprocess.run(
-        ["docker", "create", "--label", "orchard.test=1", busybox_image],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    try:
-        changes = [
-            "ENV GREETING=hello-from-image",
-            "WORKDIR /srv/app",
-            "USER 1000:1000",
-            'CMD ["sh", "-c", "echo $GREETING > /tmp/cmd-ran; exec sleep 600"]',
-        ]
-        args = [a for c in changes for a in ("--change", c)]
-        subprocess.run(["docker", "commit", *args, cid, tag], capture_output=True, check=True)
-    finally:
-        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, check=False)
-    return tag
+    return commit_image(busybox_image, DERIVED_CHANGES, tag)
 
 
 async def test_lifecycle(backend: DockerBackend, busybox_image: str) -> None:
@@ -113,10 +97,7 @@ async def test_lifecycle(backend: DockerBackend, busybox_image: str) -> None:
     await backend.delete(spec.id)
     assert await backend.get(spec.id) is None
     assert not (backend.state_dir / "sandboxes" / spec.id).exists()
-    ps = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"name=orchard-{spec.id}"], capture_output=True
-    )
-    assert ps.stdout.strip() == b""
+    assert container_of(spec.id) == ""
     await backend.delete(spec.id)  # deleting what is gone is fine
 
 
@@ -142,7 +123,7 @@ async def test_new_backend_rebuilds_records_and_limits_are_set(
     finally:
         await restarted.close()
 
-    data = docker_inspect(f"orchard-{spec.id}")
+    data = docker_inspect(container_of(spec.id))
     host, cfg = data["HostConfig"], data["Config"]
     assert host["NanoCpus"] == 500_000_000
     assert host["Memory"] == host["MemorySwap"] == 64 << 20
@@ -223,12 +204,12 @@ async def test_expiry_and_network_persist_in_meta(
     meta = json.loads((tmp_state_dir / "sandboxes" / spec.id / "meta.json").read_text())
     assert meta["expires_at"] == new_expiry
     # Labels are immutable: the label keeps the first value, meta.json wins.
-    labels = docker_inspect(f"orchard-{spec.id}")["Config"]["Labels"]
+    labels = docker_inspect(container_of(spec.id))["Config"]["Labels"]
     assert float(labels["orchard.expires_at"]) == spec.expires_at
 
     updated = await backend.set_network(spec.id, NetworkPolicy(egress="all"))
     assert updated.network.egress == "all"
-    networks = docker_inspect(f"orchard-{spec.id}")["NetworkSettings"]["Networks"]
+    networks = docker_inspect(container_of(spec.id))["NetworkSettings"]["Networks"]
     assert list(networks) == [backend.network_name]
 
     restarted = DockerBackend(tmp_state_dir, agent_binary)
@@ -238,7 +219,7 @@ async def test_expiry_and_network_persist_in_meta(
         assert (seen.expires_at, seen.network.egress) == (new_expiry, "all")
         back = await restarted.set_network(spec.id, NetworkPolicy())
         assert back.network.egress == "none"
-        assert docker_inspect(f"orchard-{spec.id}")["NetworkSettings"]["Networks"] == {}
+        assert docker_inspect(container_of(spec.id))["NetworkSettings"]["Networks"] == {}
         assert await restarted.firewall.chain_rules(spec.id) == []
     finally:
         await restarted.close()
@@ -249,60 +230,35 @@ async def test_expiry_and_network_persist_in_meta(
         await backend.set_expiry("t-no-such-sandbox", new_expiry)
 
 
-class _RegistryThatKnowsNoImages(BaseHTTPRequestHandler):
-    """A stand-in registry (none can be reached here): speaks the v2 API, has no images."""
-
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Docker-Distribution-API-Version", "registry/2.0")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        if self.path.rstrip("/") == "/v2":
-            self._send(200, {})
-        else:
-            err = {"code": "MANIFEST_UNKNOWN", "message": "manifest unknown", "detail": {}}
-            self._send(404, {"errors": [err]})
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def empty_registry() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _RegistryThatKnowsNoImages)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with fake_registry() as address:
+        yield address
 
 
-async def test_missing_image_errors_fast(backend: DockerBackend, empty_registry: str) -> None:
-    image = f"{empty_registry}/orchard/missing:v1"
-    start = time.monotonic()
-    with pytest.raises(ImageNotFound) as not_found:
-        await backend.create(make_spec(image))
-    assert image in not_found.value.message
-    assert time.monotonic() - start < 15
+async def test_missing_image_errors_fast(
+    docker_ready: None, tmp_state_dir: Path, agent_binary: Path, empty_registry: str
+) -> None:
+    # Registries on the host are refused unless the operator lists them (image_policy.py).
+    policy = ImagePolicy.from_lists(["docker.io", empty_registry, "127.0.0.1:1"])
+    made = DockerBackend(tmp_state_dir, agent_binary, extra_labels=TEST_LABELS, image_policy=policy)
+    async with owned(made) as backend:
+        image = f"{empty_registry}/orchard/missing:v1"
+        start = time.monotonic()
+        with pytest.raises(ImageNotFound) as not_found:
+            await backend.create(make_spec(image))
+        assert image in not_found.value.message
+        assert time.monotonic() - start < 15
 
-    closed = "127.0.0.1:1/orchard/missing:v1"  # nothing listens on port 1
-    start = time.monotonic()
-    with pytest.raises(RegistryUnavailable) as unreachable:
-        await backend.create(make_spec(closed))
-    assert unreachable.value.status == 503
-    assert closed in unreachable.value.message and "refused" in unreachable.value.message
-    assert time.monotonic() - start < 15
-    assert list((backend.state_dir / "sandboxes").iterdir()) == []
+        closed = "127.0.0.1:1/orchard/missing:v1"  # nothing listens on port 1
+        start = time.monotonic()
+        with pytest.raises(RegistryUnavailable) as unreachable:
+            await backend.create(make_spec(closed))
+        assert unreachable.value.status == 503
+        # The registry's (or the dialer's) own words stay in the log: no port scanner.
+        assert closed in unreachable.value.message and "refused" not in unreachable.value.message
+        assert time.monotonic() - start < 15
+        assert list((backend.state_dir / "sandboxes").iterdir()) == []
 
 
 async def test_bad_requests(backend: DockerBackend, busybox_image: str) -> None:
@@ -327,15 +283,15 @@ async def test_exited_and_orphaned(backend: DockerBackend, busybox_image: str) -
     exited, orphan = make_spec(busybox_image), make_spec(busybox_image)
     await backend.create(exited)
     await backend.create(orphan)
-    subprocess.run(["docker", "kill", f"orchard-{exited.id}"], capture_output=True, check=True)
-    subprocess.run(["docker", "wait", f"orchard-{exited.id}"], capture_output=True, check=True)
+    subprocess.run(["docker", "kill", container_of(exited.id)], capture_output=True, check=True)
+    subprocess.run(["docker", "wait", container_of(exited.id)], capture_output=True, check=True)
     listed = {r.id: r for r in await backend.list()}
     assert (listed[exited.id].state, listed[exited.id].exit_code) == ("exited", 137)
     got = await backend.get(exited.id)
     assert got is not None and (got.state, got.exit_code) == ("exited", 137)
 
     # The container vanishes behind our back: its host folder is left for reconcile.
-    subprocess.run(["docker", "rm", "-f", f"orchard-{orphan.id}"], capture_output=True, check=True)
+    subprocess.run(["docker", "rm", "-f", container_of(orphan.id)], capture_output=True, check=True)
     box = backend.state_dir / "sandboxes" / orphan.id
     assert await backend.get(orphan.id) is None and box.exists()
     known = {r.id for r in await backend.list()}

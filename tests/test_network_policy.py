@@ -33,6 +33,7 @@ from orchard.env.network import (
     sandbox_rules,
 )
 from tests.backends.backend_harness import TEST_LABELS, owned
+from tests.docker_util import container_of
 
 TARGET_NET = "orchard-test-targets"
 PORT = 8080
@@ -305,7 +306,7 @@ async def test_own_network_is_made_and_remade(
         await b.delete(first.id)
         _docker("network", "rm", name)  # e.g. a `docker network prune`
         second = await b.create(spec())  # the network is made again
-        ip = json.loads(_docker("inspect", f"orchard-{second.id}"))[0]["NetworkSettings"]
+        ip = json.loads(_docker("inspect", container_of(second.id)))[0]["NetworkSettings"]
         assert ip["Networks"][name]["IPAddress"].startswith(subnet.rsplit(".", 1)[0] + ".")
     finally:
         for rec in await b.list():

@@ -15,6 +15,7 @@ import pytest
 
 from orchard.env.api import EmbeddedService, serve
 from orchard.env.config import ConfigError, ServiceConfig
+from tests.docker_util import container_of
 
 KEY = "lifecycle-key-0123456789"
 Factory = Callable[..., EmbeddedService]
@@ -63,13 +64,7 @@ def _client(svc: EmbeddedService) -> httpx.Client:
 
 
 def _container_exists(sid: str) -> bool:
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"name=^orchard-{sid}$"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return bool(out.strip())
+    return bool(container_of(sid))
 
 
 def _wait_gone(c: httpx.Client, sid: str, within_s: float) -> float:
@@ -174,7 +169,7 @@ def test_exited_sandbox_answers_410(start_service: Factory, busybox_image: str) 
     svc = start_service()
     with _client(svc) as c:
         sb = c.post("/v1/sandboxes", json={"image": busybox_image}).json()
-        subprocess.run(["docker", "kill", f"orchard-{sb['id']}"], capture_output=True, check=True)
+        subprocess.run(["docker", "kill", container_of(sb["id"])], capture_output=True, check=True)
         r = c.post(f"/v1/sandboxes/{sb['id']}/exec", json={"cmd": "true"})
         assert r.status_code == 410, r.text
         err = r.json()["error"]

@@ -11,12 +11,13 @@ import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from orchard.env.backends.docker import DockerBackend
 from orchard.env.backends.local import CGROUP_PARENT, LocalBackend
 from orchard.env.backends.local_net import NETNS_DIR, netns_name, veth_names
 from orchard.env.network import EgressFirewall
+from tests.docker_util import container_of
 
 TEST_LABELS = {"orchard.test": "1"}
 BACKENDS = ("docker", "local")
@@ -44,11 +45,14 @@ class Harness:
     state_dir: Path
     agent_binary: Path
 
-    def make(self) -> AnyBackend:
-        """A backend instance over the state folder (a second one = a service restart)."""
+    def make(self, **options: Any) -> AnyBackend:
+        """A backend instance over the state folder (a second one = a service restart);
+        `options` are what both backends take (image_policy, protect, default_disk_bytes)."""
         if self.name == "docker":
-            return DockerBackend(self.state_dir, self.agent_binary, extra_labels=TEST_LABELS)
-        return LocalBackend(self.state_dir, self.agent_binary, extra_labels=TEST_LABELS)
+            return DockerBackend(
+                self.state_dir, self.agent_binary, extra_labels=TEST_LABELS, **options
+            )
+        return LocalBackend(self.state_dir, self.agent_binary, extra_labels=TEST_LABELS, **options)
 
     @staticmethod
     def firewall(backend: AnyBackend) -> EgressFirewall:
@@ -57,7 +61,7 @@ class Harness:
     def kill(self, sandbox_id: str) -> None:
         """SIGKILL the sandbox's first process from the host, behind the backend's back."""
         if self.name == "docker":
-            name = f"orchard-{sandbox_id}"
+            name = container_of(sandbox_id)
             subprocess.run(["docker", "kill", name], capture_output=True, check=True)
             subprocess.run(["docker", "wait", name], capture_output=True, check=True)
             return
@@ -73,12 +77,7 @@ class Harness:
         if f"orchard:{sandbox_id}" in rules:
             found.append("iptables rules")
         if self.name == "docker":
-            ps = subprocess.run(
-                ["docker", "ps", "-aq", "--filter", f"name=orchard-{sandbox_id}"],
-                capture_output=True,
-                text=True,
-            )
-            return found + (["container"] if ps.stdout.strip() else [])
+            return found + (["container"] if container_of(sandbox_id) else [])
         mounts = Path("/proc/mounts").read_text()
         if f"/sandboxes/{sandbox_id}/" in mounts:
             found.append("mount")

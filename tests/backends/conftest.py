@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.backends.backend_harness import BACKENDS, AnyBackend, Harness
+from tests.docker_util import DERIVED_CHANGES, commit_image
 
 
 @pytest.fixture(params=BACKENDS)
@@ -46,24 +47,7 @@ def derived_image(busybox_image: str) -> str:
     tag = "orchard-test/contract:" + hashlib.sha256(busybox_image.encode()).hexdigest()[:12]
     if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
         return tag
-    cid = subprocess.run(
-        ["docker", "create", "--label", "orchard.test=1", busybox_image],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    try:
-        changes = [
-            "ENV GREETING=hello-from-image",
-            "WORKDIR /srv/app",
-            "USER 1000:1000",
-            'CMD ["sh", "-c", "echo $GREETING > /tmp/cmd-ran; exec sleep 600"]',
-        ]
-        args = [a for c in changes for a in ("--change", c)]
-        subprocess.run(["docker", "commit", *args, cid, tag], capture_output=True, check=True)
-    finally:
-        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, check=False)
-    return tag
+    return commit_image(busybox_image, DERIVED_CHANGES, tag)
 
 
 @pytest.fixture(scope="module")

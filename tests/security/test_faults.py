@@ -22,6 +22,7 @@ import docker  # type: ignore[import-untyped]
 import httpx
 import pytest
 
+from tests.docker_util import container_of
 from tests.security.conftest import (
     Service,
     ServiceFactory,
@@ -60,11 +61,11 @@ def _exec_in_background(svc: Service, sid: str, cmd: str) -> tuple[threading.Thr
 
 def _host_pid(sid: str) -> int:
     fmt = "{{.State.Pid}}"
-    return int(subprocess.check_output(["docker", "inspect", "-f", fmt, f"orchard-{sid}"]))
+    return int(subprocess.check_output(["docker", "inspect", "-f", fmt, container_of(sid)]))
 
 
 def _top(sid: str) -> list[str]:
-    out = subprocess.run(["docker", "top", f"orchard-{sid}"], capture_output=True, text=True)
+    out = subprocess.run(["docker", "top", container_of(sid)], capture_output=True, text=True)
     return out.stdout.splitlines()[1:]
 
 
@@ -80,7 +81,7 @@ def _wait_running(c: httpx.Client, sid: str, needle: str) -> None:
     [
         pytest.param(lambda sid: os.kill(_host_pid(sid), signal.SIGKILL), id="agent-kill9"),
         pytest.param(
-            lambda sid: subprocess.run(["docker", "kill", f"orchard-{sid}"], check=True),
+            lambda sid: subprocess.run(["docker", "kill", container_of(sid)], check=True),
             id="container-kill",
         ),
     ],
@@ -160,7 +161,7 @@ def test_created_but_never_started_container_is_reconciled(
         neighbour = create(c, busybox_image)["id"]
     api = docker.from_env()
     try:
-        src = api.containers.get(f"orchard-{model}").attrs
+        src = api.containers.get(container_of(model)).attrs
         stuck = "sb-" + "0" * 11 + "1"
         labels = {**src["Config"]["Labels"], "orchard.sandbox": stuck}
         api.containers.create(

@@ -16,6 +16,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from orchard.env.image_policy import DEFAULT_REGISTRIES, ImagePolicy
+from orchard.env.input_limits import MIN_DISK_BYTES, parse_size
 
 DEFAULT_MAX_UPLOAD_BYTES = 1 << 30
 
@@ -51,9 +55,9 @@ def parse_api_keys(entries: list[str]) -> dict[str, str]:
     return keys
 
 
-def load_secret(state_dir: Path) -> bytes:
-    """Read `<state_dir>/secret`, creating it (0600, exclusively) on first use."""
-    path = state_dir / "secret"
+def load_secret(state_dir: Path, name: str = "secret") -> bytes:
+    """Read `<state_dir>/<name>`, creating it (0600, exclusively) on first use."""
+    path = state_dir / name
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -97,6 +101,14 @@ class ServiceConfig:
     batch_concurrency: int = 32
     # Extra backend labels on every sandbox's container (tests use {"orchard.test": "1"}).
     extra_labels: dict[str, str] = field(default_factory=dict)
+    # Registries images may come from (image_policy.py): listed ones are trusted; `*` adds
+    # every other public one. Folders the local backend may read oci:/docker-archive: from.
+    registries: tuple[str, ...] = DEFAULT_REGISTRIES
+    image_dirs: tuple[str, ...] = ()
+    # Ranges no sandbox may reach besides the sandbox networks (a cluster's pod/service CIDRs).
+    egress_protect: tuple[str, ...] = ()
+    # The disk limit of sandboxes that ask for none (None: unlimited); docs/backends.md.
+    default_disk_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -106,6 +118,26 @@ class ServiceConfig:
             raise ConfigError("reconcile interval must be > 0")
         if self.max_upload_bytes <= 0:
             raise ConfigError("max upload bytes must be > 0")
+        for cidr in self.egress_protect:
+            try:
+                ipaddress.IPv4Network(cidr, strict=False)
+            except ValueError as e:
+                raise ConfigError(f"egress_protect: {e}") from None
+        if self.default_disk_bytes is not None and self.default_disk_bytes < MIN_DISK_BYTES:
+            raise ConfigError(f"default disk must be at least {MIN_DISK_BYTES >> 20} MiB")
+
+    @property
+    def image_policy(self) -> ImagePolicy:
+        return ImagePolicy.from_lists(self.registries, self.image_dirs)
+
+    def backend_options(self) -> dict[str, Any]:
+        """The keyword arguments both local backends (docker, local) take from the config."""
+        return {
+            "extra_labels": self.extra_labels,
+            "image_policy": self.image_policy,
+            "protect": self.egress_protect,
+            "default_disk_bytes": self.default_disk_bytes,
+        }
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ServiceConfig:
@@ -124,6 +156,20 @@ class ServiceConfig:
             kw["backend"] = env["ORCHARD_BACKEND"]
         if env.get("ORCHARD_AGENT_BINARY"):
             kw["agent_binary"] = env["ORCHARD_AGENT_BINARY"]
+        for var, name in (
+            ("ORCHARD_REGISTRIES", "registries"),
+            ("ORCHARD_IMAGE_DIRS", "image_dirs"),
+            ("ORCHARD_EGRESS_PROTECT", "egress_protect"),
+        ):
+            if env.get(var):
+                kw[name] = tuple(e.strip() for e in env[var].split(",") if e.strip())
+        if env.get("ORCHARD_DEFAULT_DISK"):
+            try:
+                kw["default_disk_bytes"] = parse_size(
+                    env["ORCHARD_DEFAULT_DISK"], "ORCHARD_DEFAULT_DISK", MIN_DISK_BYTES
+                )
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         for var, name, conv in (
             ("ORCHARD_RECONCILE_INTERVAL_S", "reconcile_interval_s", float),
             ("ORCHARD_MAX_UPLOAD_BYTES", "max_upload_bytes", int),

@@ -35,6 +35,18 @@ class InvalidRequest(OrchardError):
     code, status = "invalid_request", 422
 
 
+class EgressDenied(InvalidRequest):
+    """An allow entry that could only reach what no sandbox may: another sandbox, the host."""
+
+    code = "egress_denied"
+
+
+class ImageRefused(InvalidRequest):
+    """An image reference the image policy refuses (an image id, a registry not allowed)."""
+
+    code = "image_refused"
+
+
 class Unauthorized(OrchardError):
     code, status = "unauthorized", 401
 

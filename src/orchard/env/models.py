@@ -9,7 +9,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from orchard.env.input_limits import MIN_CPU, MIN_DISK_BYTES, check_env, check_labels, parse_size
 
 Encoding = Literal["text", "base64"]
 SandboxStatus = Literal["pending", "ready", "exited", "failed"]
@@ -17,6 +19,11 @@ SandboxStatus = Literal["pending", "ready", "exited", "failed"]
 # Upper bounds that keep one request from asking for something absurd.
 MAX_TTL_S = 7 * 24 * 3600
 MAX_BATCH = 1000
+
+
+# Bounded in count and size (input_limits.py): 422 past them.
+Env = Annotated[dict[str, str], AfterValidator(check_env)]
+Labels = Annotated[dict[str, str], AfterValidator(check_labels)]
 
 
 class Model(BaseModel):
@@ -64,16 +71,21 @@ class SandboxCreate(Model):
         default=None,
         description="run this (or, with [], the image's own entrypoint+cmd) under the agent",
     )
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     workdir: str | None = None
     user: str | None = Field(default=None, max_length=64)
-    cpu: float | None = Field(default=None, gt=0, le=256, description="CPU cores")
+    cpu: float | None = Field(default=None, ge=MIN_CPU, le=256, description="CPU cores")
     memory: str | int | None = Field(default=None, description="bytes, or e.g. '512m', '2g'")
+    disk: str | int | None = Field(
+        default=None,
+        description="what the sandbox may write to its root filesystem: bytes, or e.g. '10g' "
+        "(per backend: docs/backends.md)",
+    )
     pids_limit: int | None = Field(default=None, ge=8, le=1_000_000)
     timeout_s: float = Field(default=3600, gt=0, le=MAX_TTL_S, description="time to live")
     idle_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
     wait: bool = Field(default=True, description="answer only once the agent is ready")
     count: int = Field(default=1, ge=1, le=MAX_BATCH, description="batch size (batch route)")
 
@@ -82,14 +94,26 @@ class SandboxCreate(Model):
     def _no_nul(cls, v: dict[str, str]) -> dict[str, str]:
         for k, val in v.items():
             if not k or "\x00" in k or "\x00" in val or "=" in k:
-                raise ValueError(f"invalid key or value: {k!r}")
+                raise ValueError(f"invalid key or value: {k[:40]!r}")
         return v
+
+    @field_validator("disk")
+    @classmethod
+    def _disk_size(cls, v: str | int | None) -> str | int | None:
+        parse_size(v, "disk", MIN_DISK_BYTES)
+        return v
+
+    @property
+    def disk_bytes(self) -> int | None:
+        """`disk` in bytes (validated already)."""
+        return parse_size(self.disk, "disk", MIN_DISK_BYTES)
 
 
 class Resources(Model):
     cpu: float | None = None
     memory_bytes: int | None = None
     pids_limit: int | None = None
+    disk_bytes: int | None = None
 
 
 class Sandbox(Model):
@@ -125,7 +149,7 @@ class TimeoutUpdate(Model):
 class ExecRequest(Model):
     cmd: str | list[str] = Field(description="a shell string (/bin/sh -c) or an argv list")
     cwd: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     user: str | None = None
     stdin: str | None = None
     stdin_b64: str | None = None

@@ -10,9 +10,14 @@ never by anything inside the sandbox:
 - `ORCHARD-EGRESS` holds one `-s <ip> -g ORCHARD-SB-<hash>` jump per sandbox, then DROP:
   a container on the network whose rules are not installed yet has no egress at all, which
   closes the window between container start and rule installation.
-- the per-sandbox chain drops cloud metadata first, then either RETURNs (`all`: Docker's
-  own rules decide, i.e. NAT out and isolation from other Docker networks) or ACCEPTs the
-  allowed CIDRs and drops the rest (`allow`).
+- the per-sandbox chain drops cloud metadata first, then (for `allow` with names) accepts
+  DNS to the host's resolvers, then drops every sandbox network of either backend and the
+  operator's extra ranges (`protected`: a cluster's pod and service ranges, say), and only
+  then either RETURNs (`all`: Docker's own rules decide, i.e. NAT out and isolation from
+  other Docker networks) or ACCEPTs the allowed CIDRs and drops the rest (`allow`). So no
+  allow-list, not even `0.0.0.0/0`, reaches another tenant's sandbox: a broad entry is
+  trimmed by the drops before it, and an entry that lies wholly inside a protected range,
+  the host's own addresses or loopback is refused (`EgressDenied`, 422) when it is set.
 - `INPUT` sends every packet from the subnet to `ORCHARD-INPUT`, which only accepts replies
   to connections the host opened: sandboxes cannot reach the host's own ports (the service,
   the Docker API, ...).
@@ -35,11 +40,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from orchard.env.errors import InvalidRequest, Unavailable
+from orchard.env.errors import EgressDenied, InvalidRequest, Unavailable
 
 DEFAULT_NETWORK = "orchard-egress"
 # A /16 in 10/8 that few LANs, VPNs or Docker's own default pools use; configurable.
 DEFAULT_SUBNET = "10.213.0.0/16"
+# The local backend's bridge (local_net.py): distinct, so both backends can share a host.
+LOCAL_SUBNET = "10.215.0.0/16"
+# Every sandbox network of either backend: dropped for every sandbox, before any allow rule.
+SANDBOX_SUBNETS: tuple[str, ...] = (DEFAULT_SUBNET, LOCAL_SUBNET)
+LOOPBACK = "127.0.0.0/8"
+_FIB_TRIE = Path("/proc/net/fib_trie")
 
 EGRESS_CHAIN = "ORCHARD-EGRESS"
 INPUT_CHAIN = "ORCHARD-INPUT"
@@ -94,6 +105,32 @@ def host_dns_servers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
     return servers
 
 
+def host_addresses(fib_trie: Path = _FIB_TRIE) -> list[str]:
+    """Every IPv4 address of this host (all interfaces), from the kernel's local table.
+
+    Packets to them are the INPUT chain's (dropped); listed so an allow entry naming the
+    host is refused up front instead of silently never working."""
+    found: set[str] = set()
+    last = ""
+    try:
+        lines = fib_trie.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        part = line.strip()
+        if part.startswith("|--"):
+            last = part[3:].strip()
+        elif part == "/32 host LOCAL" and last:
+            found.add(last)
+    return sorted(found)
+
+
+def protected_ranges(own_subnet: str, extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """The ranges every sandbox chain drops before its allow rules (see the module doc)."""
+    nets = [*SANDBOX_SUBNETS, own_subnet, *extra]
+    return tuple(dict.fromkeys(str(ipaddress.IPv4Network(n, strict=False)) for n in nets))
+
+
 @dataclass(frozen=True)
 class ResolvedAllow:
     """An allow-list turned into IPv4 networks; `names` says whether DNS must stay open."""
@@ -102,10 +139,22 @@ class ResolvedAllow:
     names: bool
 
 
-async def resolve_allow(entries: Sequence[str], *, timeout_s: float = 5.0) -> ResolvedAllow:
+def _denied(
+    net: ipaddress.IPv4Network, refused: Sequence[ipaddress.IPv4Network]
+) -> ipaddress.IPv4Network | None:
+    return next((r for r in refused if net.subnet_of(r)), None)
+
+
+async def resolve_allow(
+    entries: Sequence[str],
+    *,
+    timeout_s: float = 5.0,
+    refused: Sequence[ipaddress.IPv4Network] = (),
+) -> ResolvedAllow:
     """CIDRs and addresses as given, host names resolved now with the host's resolver.
 
-    IPv6 entries are accepted but have no effect: sandboxes have no IPv6 route.
+    IPv6 entries are accepted but have no effect: sandboxes have no IPv6 route. An entry
+    inside one of `refused` (a CIDR, or any address a name resolves to) raises EgressDenied.
     """
     cidrs: list[str] = []
     names: list[str] = []
@@ -120,6 +169,8 @@ async def resolve_allow(entries: Sequence[str], *, timeout_s: float = 5.0) -> Re
             names.append(entry.strip())
             continue
         if net.version == 4:
+            if (hit := _denied(ipaddress.IPv4Network(str(net)), refused)) is not None:
+                raise EgressDenied(_refusal(entry.strip(), hit))
             cidrs.append(str(net))
     loop = asyncio.get_running_loop()
 
@@ -133,29 +184,45 @@ async def resolve_allow(entries: Sequence[str], *, timeout_s: float = 5.0) -> Re
             if e.errno in (socket.EAI_AGAIN, getattr(socket, "EAI_SYSTEM", -11)):
                 raise Unavailable(f"cannot resolve {name!r} now: {e.strerror}") from e
             raise InvalidRequest(f"cannot resolve allow entry {name!r}: {e.strerror}") from e
-        return [f"{info[4][0]}/32" for info in infos]
+        addrs = [f"{info[4][0]}/32" for info in infos]
+        for addr in addrs:
+            if (hit := _denied(ipaddress.IPv4Network(addr), refused)) is not None:
+                raise EgressDenied(_refusal(name, hit))
+        return addrs
 
     for addrs in await asyncio.gather(*(one(n) for n in names)):
         cidrs.extend(addrs)
     return ResolvedAllow(tuple(dict.fromkeys(cidrs)), bool(names))
 
 
+def _refusal(entry: str, hit: ipaddress.IPv4Network) -> str:
+    return (
+        f"allow entry {entry!r} lies in {hit}, which no sandbox may reach "
+        "(sandbox networks, the host, loopback, or a range the operator protects)"
+    )
+
+
 def sandbox_rules(
-    sandbox_id: str, egress: Egress, allow: ResolvedAllow, dns_servers: Iterable[str]
+    sandbox_id: str,
+    egress: Egress,
+    allow: ResolvedAllow,
+    dns_servers: Iterable[str],
+    protected: Iterable[str] = (),
 ) -> list[str]:
     """The body of one sandbox's chain (iptables-restore syntax without `-A CHAIN`)."""
     tag = sandbox_tag(sandbox_id)
     rules = [f"-d {cidr} -m comment --comment {tag} -j DROP" for cidr in METADATA_CIDRS]
-    if egress == "all":
-        return rules  # falls off the end: RETURN to DOCKER-USER, Docker's own rules decide
-    if egress != "allow":
+    if egress not in ("all", "allow"):
         raise InvalidRequest(f"egress {egress!r} needs no rules")
-    if allow.names:
+    if egress == "allow" and allow.names:
         for server in dns_servers:
             for proto in ("udp", "tcp"):
                 rules.append(
                     f"-d {server}/32 -p {proto} --dport 53 -m comment --comment {tag} -j ACCEPT"
                 )
+    rules += [f"-d {cidr} -m comment --comment {tag} -j DROP" for cidr in protected]
+    if egress == "all":
+        return rules  # falls off the end: RETURN to DOCKER-USER, Docker's own rules decide
     rules += [f"-d {cidr} -m comment --comment {tag} -j ACCEPT" for cidr in allow.cidrs]
     rules.append(f"-m comment --comment {tag} -j DROP")
     return rules
@@ -170,11 +237,19 @@ class EgressFirewall:
     the rules, the cache is reloaded and the transaction retried once.
     """
 
-    def __init__(self, subnet: str = DEFAULT_SUBNET, *, accept_forward: bool = False) -> None:
+    def __init__(
+        self,
+        subnet: str = DEFAULT_SUBNET,
+        *,
+        accept_forward: bool = False,
+        protect: Iterable[str] = (),
+    ) -> None:
         self.subnet = str(ipaddress.ip_network(subnet))
         # True for a bridge no engine manages (the local backend's): after the sandbox's own
         # chain lets a packet through, nothing else would accept it, so we do.
         self.accept_forward = accept_forward
+        self.extra_protected = tuple(protect)
+        self.protected = protected_ranges(self.subnet, self.extra_protected)
         self._lock = asyncio.Lock()
         self._ready = False
         self._chains: set[str] = set()
@@ -291,6 +366,16 @@ class EgressFirewall:
                 await self._restore(lines)
             self._ready = False
 
+    def refused(self) -> list[ipaddress.IPv4Network]:
+        """What an allow entry may not lie in: the protected ranges, loopback, the host."""
+        nets = [*METADATA_CIDRS, *self.protected, LOOPBACK]
+        nets += [f"{a}/32" for a in host_addresses()]
+        return [ipaddress.IPv4Network(n) for n in nets]
+
+    async def resolve(self, entries: Sequence[str]) -> ResolvedAllow:
+        """`resolve_allow` under this firewall's refusals (EgressDenied, 422)."""
+        return await resolve_allow(entries, refused=self.refused())
+
     # ------------------------------------------------------------ per sandbox
 
     async def apply(
@@ -298,7 +383,7 @@ class EgressFirewall:
     ) -> list[str]:
         """Install (or replace) one sandbox's rules for its current IP; returns the body."""
         ipaddress.IPv4Address(ip)
-        body = sandbox_rules(sandbox_id, egress, allow, host_dns_servers())
+        body = sandbox_rules(sandbox_id, egress, allow, host_dns_servers(), self.protected)
         chain = chain_name(sandbox_id)
         jump = f"-s {ip}/32 -m comment --comment {sandbox_tag(sandbox_id)} -g {chain}"
         await self.ensure()

@@ -40,6 +40,8 @@ class SandboxSpec:
     cpu: float | None = None
     memory_bytes: int | None = None
     pids_limit: int | None = None
+    # Bytes the sandbox may write to its root filesystem; None: the backend's default.
+    disk_bytes: int | None = None
     idle_timeout_s: float | None = None
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
     labels: dict[str, str] = field(default_factory=dict)
@@ -62,6 +64,7 @@ class SandboxRecord:
     cpu: float | None = None
     memory_bytes: int | None = None
     pids_limit: int | None = None
+    disk_bytes: int | None = None  # the limit in force; None: unlimited
     exit_code: int | None = None
     error: str | None = None
     # Who execs run as when a request names no user: the spec's user, else the image's USER.

@@ -10,47 +10,54 @@ rebuilds its view from `list()`. Labels are immutable, so what can change later 
 network policy) is also kept in `<state_dir>/sandboxes/<id>/meta.json`, which is never
 mounted into the sandbox and wins over the labels. Only plain Engine API calls are used,
 so Podman's Docker-compatible API works too.
+
+Container names are `orchard-<HMAC(key, id)>` under a key kept in the state folder: the
+engine's DNS answers other containers on the network with a name (reverse lookups give
+`<name>.orchard-egress`), so the name must not reveal the sandbox's id. Containers made
+before were named `orchard-<id>`; they are still found by that name. Images are resolved
+under `image_policy.ImagePolicy` (named images from allowed registries only), and no
+engine, runtime or registry text reaches the caller (`failures.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import os
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiodocker
-import aiohttp
 from aiodocker.exceptions import DockerError
 
 from orchard.env.backends import agent_socket
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
+from orchard.env.backends.docker_images import DockerImages, ImageInfo, engine
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
+from orchard.env.config import load_secret
 from orchard.env.errors import (
     Conflict,
     ImageNotFound,
     InvalidRequest,
     NotFound,
-    OrchardError,
-    RegistryUnavailable,
     SandboxExited,
     Unavailable,
 )
+from orchard.env.image_policy import ImagePolicy
 from orchard.env.models import NetworkPolicy
 from orchard.env.network import (
     DEFAULT_NETWORK,
     DEFAULT_SUBNET,
     EgressFirewall,
     ResolvedAllow,
-    resolve_allow,
     sandbox_tag,
 )
 
@@ -65,9 +72,10 @@ DEFAULT_PIDS_LIMIT = 4096
 # `pids_limit` counts the user's processes, and a small one must not stop the agent from
 # starting ("failed to create new OS thread") or from serving once a fork bomb fills the rest.
 AGENT_PIDS_RESERVE = 32
-# How long an image name -> (id, config) lookup is trusted; creates of one image in a burst
-# then cost one inspect, and a re-tagged image is picked up soon after.
-IMAGE_CACHE_TTL_S = 30.0
+# The key of container names (see the module docstring), in the state folder.
+NAME_KEY_FILE = "docker-names.key"
+# The engine refuses smaller memory limits (with a 400 that names its own minimum).
+MIN_MEMORY_BYTES = 6 << 20
 # Orphan host folders younger than this may belong to a create still in flight elsewhere.
 # From Docker's default set: NET_RAW (raw sockets could forge source addresses and slip past
 # per-IP egress rules; ICMP echo still works through unprivileged ping sockets), MKNOD (device
@@ -75,33 +83,15 @@ IMAGE_CACHE_TTL_S = 30.0
 # CHOWN, DAC_OVERRIDE, FOWNER and KILL stay: the agent needs them to act as other users.
 CAP_DROP = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP")
 _EXIT_RE = re.compile(r"Exited \((-?\d+)\)")
-_UNREACHABLE = (
-    "dial tcp",
-    "no such host",
-    "connection refused",
-    "i/o timeout",
-    "timeout",
-    "tls",
-    "network is unreachable",
-    "server misbehaving",
-    "eof",
-)
-_MISSING = (
-    "manifest unknown",
-    "not found",
-    "repository does not exist",
-    "pull access denied",
-    "name unknown",
-    "no such image",
-)
 
 
-@dataclass(frozen=True)
-class ImageInfo:
-    id: str
-    entrypoint: list[str]
-    cmd: list[str]
-    user: str
+def _name(key: bytes, sandbox_id: str) -> str:
+    return "orchard-" + hmac.new(key, sandbox_id.encode(), hashlib.sha256).hexdigest()[:24]
+
+
+def container_name(state_dir: Path, sandbox_id: str) -> str:
+    """The container name of a sandbox of the Docker backend over `state_dir`."""
+    return _name(load_secret(Path(state_dir).resolve(), NAME_KEY_FILE), sandbox_id)
 
 
 def _float(value: str | None) -> float | None:
@@ -110,6 +100,18 @@ def _float(value: str | None) -> float | None:
 
 def _int(value: str | None) -> int | None:
     return int(value) if value else None
+
+
+def _disk_support(info: Mapping[str, Any]) -> str:
+    """ "" when the engine's storage driver takes `StorageOpt size`, else why it does not."""
+    driver = str(info.get("Driver") or "")
+    status = {str(k): str(v) for k, v in info.get("DriverStatus") or []}
+    backing = status.get("Backing Filesystem", "")
+    if driver in ("btrfs", "zfs", "devicemapper", "windowsfilter"):
+        return ""
+    if driver in ("overlay2", "overlay") and backing == "xfs":
+        return ""  # needs the pquota mount option too; a create without it is refused
+    return f"storage driver {driver or '?'} on {backing or '?'} has no per-container quota"
 
 
 def _state(status: str) -> BackendState:
@@ -138,6 +140,9 @@ class DockerBackend(HostFolders):
         default_pids_limit: int = DEFAULT_PIDS_LIMIT,
         pull_timeout_s: float = 300.0,
         extra_labels: Mapping[str, str] | None = None,
+        image_policy: ImagePolicy | None = None,
+        protect: Iterable[str] = (),
+        default_disk_bytes: int | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.agent_binary = Path(agent_binary).resolve()
@@ -147,13 +152,16 @@ class DockerBackend(HostFolders):
         self.default_pids_limit = default_pids_limit
         self.pull_timeout_s = pull_timeout_s
         self.extra_labels = dict(extra_labels or {})
-        self.firewall = EgressFirewall(subnet)
+        policy = image_policy or ImagePolicy()
+        self.images = DockerImages(lambda: self.docker, policy, pull_timeout_s)
+        self.default_disk_bytes = default_disk_bytes
+        self.firewall = EgressFirewall(subnet, protect=protect)
+        self._name_key = load_secret(self.state_dir, NAME_KEY_FILE)
+        self._disk_support: str | None = None  # "" once known to work, else why not
         self._docker_url = docker_url or os.environ.get("DOCKER_HOST") or None
         self._docker: aiodocker.Docker | None = None
         self._net_ready = False
         self._net_lock = asyncio.Lock()
-        self._images: dict[str, tuple[float, ImageInfo]] = {}
-        self._image_locks: dict[str, asyncio.Lock] = {}
         self._creating: set[str] = set()
         # Sandboxes get no IPv6 at all, so link-local addresses cannot reach host services.
         self._sysctls = (
@@ -172,78 +180,12 @@ class DockerBackend(HostFolders):
             self._docker = aiodocker.Docker(url=self._docker_url)
         return self._docker
 
-    @staticmethod
-    def _container_name(sandbox_id: str) -> str:
-        return f"orchard-{sandbox_id}"
+    def _container_name(self, sandbox_id: str) -> str:
+        return _name(self._name_key, sandbox_id)
 
-    @contextlib.asynccontextmanager
-    async def _engine(self, what: str) -> AsyncIterator[None]:
-        """Turn engine failures into typed errors; callers handle the statuses they expect."""
-        try:
-            yield
-        except OrchardError:
-            raise
-        except DockerError as e:
-            if e.status == 400:
-                raise InvalidRequest(f"{what}: {e.message}") from e
-            if e.status == 404:
-                raise NotFound(f"{what}: {e.message}") from e
-            if e.status == 409:
-                raise Conflict(f"{what}: {e.message}") from e
-            raise Unavailable(f"{what}: docker engine said {e.status}: {e.message}") from e
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            raise Unavailable(f"{what}: docker engine unreachable: {e}") from e
-
-    # ------------------------------------------------------------ images
-
-    async def _image(self, name: str) -> ImageInfo:
-        """Inspect (pulling if missing) once per name and TTL, even under a burst of creates."""
-        hit = self._images.get(name)
-        if hit and time.monotonic() - hit[0] < IMAGE_CACHE_TTL_S:
-            return hit[1]
-        lock = self._image_locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            hit = self._images.get(name)
-            if hit and time.monotonic() - hit[0] < IMAGE_CACHE_TTL_S:
-                return hit[1]
-            try:
-                async with self._engine(f"inspect image {name!r}"):
-                    data = await self.docker.images.inspect(name)
-            except NotFound:
-                await self._pull(name)
-                async with self._engine(f"inspect image {name!r}"):
-                    data = await self.docker.images.inspect(name)
-            cfg = data.get("Config") or {}
-            info = ImageInfo(
-                id=str(data["Id"]),
-                entrypoint=list(cfg.get("Entrypoint") or []),
-                cmd=list(cfg.get("Cmd") or []),
-                user=str(cfg.get("User") or ""),
-            )
-            self._images[name] = (time.monotonic(), info)
-            return info
-
-    async def _pull(self, name: str) -> None:
-        log.info("pulling %s", name)
-        try:
-            async with asyncio.timeout(self.pull_timeout_s):
-                await self.docker.images.pull(name)
-        except TimeoutError as e:
-            raise RegistryUnavailable(
-                f"pulling image {name!r} took over {self.pull_timeout_s:.0f} s"
-            ) from e
-        except DockerError as e:
-            msg = str(e.message)
-            low = msg.lower()
-            if e.status == 400 or "invalid reference" in low:
-                raise InvalidRequest(f"invalid image reference {name!r}: {msg}") from e
-            if any(m in low for m in _UNREACHABLE):
-                raise RegistryUnavailable(f"cannot pull image {name!r}: {msg}") from e
-            if e.status == 404 or any(m in low for m in _MISSING):
-                raise ImageNotFound(f"image {name!r} not found: {msg}") from e
-            raise RegistryUnavailable(f"cannot pull image {name!r}: {msg}") from e
-        except (aiohttp.ClientError, OSError) as e:
-            raise Unavailable(f"pulling image {name!r}: docker engine unreachable: {e}") from e
+    def _names(self, sandbox_id: str) -> tuple[str, str]:
+        """Where a sandbox's container may be: its name, then the name of older versions."""
+        return self._container_name(sandbox_id), f"orchard-{sandbox_id}"
 
     # ------------------------------------------------------------ network
 
@@ -254,7 +196,7 @@ class DockerBackend(HostFolders):
         async with self._net_lock:
             if self._net_ready:
                 return
-            async with self._engine(f"network {self.network_name}"):
+            async with engine(f"network {self.network_name}"):
                 try:
                     info = await (await self.docker.networks.get(self.network_name)).show()
                 except DockerError as e:
@@ -268,7 +210,7 @@ class DockerBackend(HostFolders):
             if subnet != self.firewall.subnet:
                 # The network already exists with another subnet: rules must match reality.
                 log.warning("network %s uses subnet %s", self.network_name, subnet)
-                self.firewall = EgressFirewall(subnet)
+                self.firewall = EgressFirewall(subnet, protect=self.firewall.extra_protected)
             await self.firewall.ensure()
             self._net_ready = True
 
@@ -312,7 +254,7 @@ class DockerBackend(HostFolders):
     async def _allow(self, policy: NetworkPolicy) -> ResolvedAllow:
         if policy.egress != "allow":
             return ResolvedAllow((), False)
-        return await resolve_allow(policy.allow)
+        return await self.firewall.resolve(policy.allow)
 
     # ------------------------------------------------------------ create
 
@@ -334,6 +276,7 @@ class DockerBackend(HostFolders):
                 "orchard.cpu": repr(spec.cpu) if spec.cpu else "",
                 "orchard.memory": str(spec.memory_bytes or ""),
                 "orchard.pids": str(pids),
+                "orchard.disk": str(self._disk_bytes(spec) or ""),
                 "orchard.default_user": spec.user or image.user,
             }
         )
@@ -367,6 +310,8 @@ class DockerBackend(HostFolders):
         if spec.memory_bytes:
             host["Memory"] = spec.memory_bytes
             host["MemorySwap"] = spec.memory_bytes  # no swap beyond the limit
+        if labels["orchard.disk"]:
+            host["StorageOpt"] = {"size": labels["orchard.disk"]}
         env = [f"{k}={v}" for k, v in spec.env.items()]
         env.append(f"ORCHARD_AGENT_TOKEN={spec.agent_token}")
         return {
@@ -380,11 +325,40 @@ class DockerBackend(HostFolders):
             "HostConfig": host,
         }
 
+    # ------------------------------------------------------------ disk
+
+    def _disk_bytes(self, spec: SandboxSpec) -> int | None:
+        """The disk limit this sandbox gets: asked for, else the default where enforceable."""
+        if spec.disk_bytes:
+            return spec.disk_bytes
+        return self.default_disk_bytes if self._disk_support == "" else None
+
+    async def _check_disk(self, spec: SandboxSpec) -> None:
+        """Learn once whether the storage driver takes a size; refuse a limit it cannot keep."""
+        if not (spec.disk_bytes or self.default_disk_bytes):
+            return
+        if self._disk_support is None:
+            async with engine("docker info"):
+                info = await self.docker.system.info()
+            self._disk_support = _disk_support(info)
+            if self._disk_support:
+                log.warning("disk limits are not enforced on docker: %s", self._disk_support)
+        if spec.disk_bytes and self._disk_support:
+            raise InvalidRequest(
+                "this docker engine cannot limit a sandbox's disk (its storage driver has no "
+                "per-container quota; see docs/backends.md)"
+            )
+
+    # ------------------------------------------------------------ create
+
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
         self._check_spec(spec)
+        if spec.memory_bytes and spec.memory_bytes < MIN_MEMORY_BYTES:
+            raise InvalidRequest("memory must be at least 6 MiB on the docker backend")
+        await self._check_disk(spec)
         egress = spec.network.egress
         allow = await self._allow(spec.network)
-        image = await self._image(spec.image)
+        image = await self.images.get(spec.image)
         if egress != "none":
             await self._ensure_network()
         box = self._box(spec.id)
@@ -409,15 +383,15 @@ class DockerBackend(HostFolders):
             )
             config = self._config(spec, image, labels)
             name = self._container_name(spec.id)
-            async with self._engine(f"create sandbox {spec.id}"):
+            async with engine(f"create sandbox {spec.id}"):
                 try:
                     container = await self._network_retry(
                         lambda: self.docker.containers.create(config, name=name)
                     )
                 except DockerError as e:
                     if e.status == 404 and "image" in str(e.message).lower():
-                        self._images.pop(spec.image, None)  # it went away since we inspected it
-                        raise ImageNotFound(f"image {spec.image!r} is gone: {e.message}") from e
+                        self.images.forget(spec.image)  # it went away since we inspected it
+                        raise ImageNotFound(f"image {spec.image!r} is gone") from e
                     raise
                 await self._network_retry(container.start)
                 if egress != "none":
@@ -465,6 +439,7 @@ class DockerBackend(HostFolders):
             cpu=_float(labels.get("orchard.cpu")),
             memory_bytes=_int(labels.get("orchard.memory")),
             pids_limit=_int(labels.get("orchard.pids")),
+            disk_bytes=_int(labels.get("orchard.disk")),
             exit_code=exit_code,
             error=error,
             default_user=labels.get("orchard.default_user") or None,
@@ -491,12 +466,14 @@ class DockerBackend(HostFolders):
         )
 
     async def _inspect(self, sandbox_id: str) -> dict[str, Any] | None:
-        try:
-            async with self._engine(f"inspect sandbox {sandbox_id}"):
-                container = await self.docker.containers.get(self._container_name(sandbox_id))
-        except NotFound:
-            return None
-        return dict(container._container)
+        for name in self._names(sandbox_id):
+            try:
+                async with engine(f"inspect sandbox {sandbox_id}"):
+                    container = await self.docker.containers.get(name)
+            except NotFound:
+                continue
+            return dict(container._container)
+        return None
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
         data = await self._inspect(sandbox_id)
@@ -504,7 +481,7 @@ class DockerBackend(HostFolders):
 
     async def list(self) -> list[SandboxRecord]:
         filters = {"label": ["orchard.managed=1", f"orchard.state_dir={self.state_dir}"]}
-        async with self._engine("list sandboxes"):
+        async with engine("list sandboxes"):
             containers = await self.docker.containers.list(all="1", filters=json.dumps(filters))
         records = []
         for c in containers:
@@ -548,7 +525,7 @@ class DockerBackend(HostFolders):
         # Recorded first, so a crash half-way still leaves delete() knowing there are rules.
         self._update_meta(sandbox_id, network=policy.model_dump())
         try:
-            async with self._engine(f"network of sandbox {sandbox_id}"):
+            async with engine(f"network of sandbox {sandbox_id}"):
                 if policy.egress == "none":
                     await self.firewall.remove(sandbox_id)
                     if self.network_name in attached:
@@ -579,12 +556,15 @@ class DockerBackend(HostFolders):
             sandbox_tag(sandbox_id)
         except InvalidRequest:
             return  # no sandbox can have such an id
-        try:
-            async with self._engine(f"delete sandbox {sandbox_id}"):
-                container = self.docker.containers.container(self._container_name(sandbox_id))
-                await container.delete(force=True, v=True)
-        except (NotFound, Conflict):
-            pass  # gone already, or its removal is already in progress
+        for name in self._names(sandbox_id):
+            try:
+                async with engine(f"delete sandbox {sandbox_id}"):
+                    await self.docker.containers.container(name).delete(force=True, v=True)
+            except NotFound:
+                continue  # gone already, or made by an older version under its old name
+            except Conflict:
+                pass  # its removal is already in progress
+            break
         meta = self._read_meta(sandbox_id)
         had_rules = meta is None or (meta.get("network") or {}).get("egress", "none") != "none"
         if had_rules and shutil.which("iptables"):

@@ -2,9 +2,9 @@
 
 One sandbox = one OCI bundle in `<state_dir>/sandboxes/<id>/`:
 - `rootfs/`: an overlayfs of the image's unpacked rootfs from the shared cache
-  (`oci_images.ImageStore`) below, the sandbox's own `upper/` above (optionally on a
-  size-limited tmpfs), mounted only in a private mount namespace that runc starts in
-  (`mount_ns`), so the host's mount table does not grow per sandbox;
+  (`oci_images.ImageStore`) below, the sandbox's own `upper/` above (on a tmpfs of the
+  sandbox's disk limit when it has one), mounted only in a private mount namespace that
+  runc starts in (`mount_ns`), so the host's mount table does not grow per sandbox;
 - `config.json` (`oci_spec.runtime_spec`): the agent bind-mounted read-only as the process,
   its socket folder `run/` mounted at /.orchard/run as with Docker, the image's env,
   workdir and user, cgroup limits, its own namespaces;
@@ -31,7 +31,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,14 +39,16 @@ from typing import Any
 from orchard.env.backends import agent_socket
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.docker import AGENT_PIDS_RESERVE
+from orchard.env.backends.failures import hidden
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
-from orchard.env.backends.local_net import LOCAL_BRIDGE, LOCAL_SUBNET, LocalNetwork
+from orchard.env.backends.local_net import LOCAL_BRIDGE, LocalNetwork
 from orchard.env.backends.mount_ns import MOUNT_FAILED, RootfsMounts, umount
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
 from orchard.env.errors import Conflict, InvalidRequest, NotFound, SandboxExited, Unavailable
+from orchard.env.image_policy import ImagePolicy
 from orchard.env.models import NetworkPolicy
-from orchard.env.network import ResolvedAllow, host_dns_servers, resolve_allow, sandbox_tag
+from orchard.env.network import LOCAL_SUBNET, ResolvedAllow, host_dns_servers, sandbox_tag
 
 log = logging.getLogger("orchard.local")
 
@@ -107,6 +109,9 @@ class LocalBackend(HostFolders):
         use_docker_images: bool = True,
         pull_timeout_s: float = 300.0,
         extra_labels: Mapping[str, str] | None = None,
+        image_policy: ImagePolicy | None = None,
+        protect: Iterable[str] = (),
+        default_disk_bytes: int | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         if any(c in str(self.state_dir) for c in ",:"):
@@ -120,12 +125,16 @@ class LocalBackend(HostFolders):
         self.runc = runc_path
         self.runc_root = self.state_dir / "runc"
         self.default_pids_limit = default_pids_limit
-        self.upper_size_bytes = upper_size_bytes
+        # The disk limit of sandboxes that ask for none (`upper_size_bytes`: its old name).
+        self.default_disk_bytes = default_disk_bytes or upper_size_bytes
         self.extra_labels = dict(extra_labels or {})
         self.images = ImageStore(
-            self.state_dir / "images", use_docker=use_docker_images, pull_timeout_s=pull_timeout_s
+            self.state_dir / "images",
+            use_docker=use_docker_images,
+            pull_timeout_s=pull_timeout_s,
+            policy=image_policy or ImagePolicy(),
         )
-        self.network = LocalNetwork(subnet, bridge)
+        self.network = LocalNetwork(subnet, bridge, protect)
         self._sysctl = (
             {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
             if Path("/proc/sys/net/ipv6").exists()
@@ -258,11 +267,11 @@ class LocalBackend(HostFolders):
         (etc / "resolv.conf").write_text("".join(f"nameserver {s}\n" for s in servers))
         return [(str(etc / n), f"/etc/{n}", False) for n in ("hostname", "hosts", "resolv.conf")]
 
-    def _rootfs_mounts(self, box: Path, image: LocalImage) -> RootfsMounts:
+    def _rootfs_mounts(self, box: Path, image: LocalImage, disk: int | None) -> RootfsMounts:
         """The mount points on disk; the mounts themselves are made in runc's namespace."""
         (box / "scratch").mkdir()
         (box / "rootfs").mkdir()
-        return RootfsMounts(image.rootfs, box / "scratch", box / "rootfs", self.upper_size_bytes)
+        return RootfsMounts(image.rootfs, box / "scratch", box / "rootfs", disk)
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
         await self._recover()
@@ -287,7 +296,7 @@ class LocalBackend(HostFolders):
                 (str(box / "run"), RUN_DIR, False),
                 *self._etc_files(box, spec.id, ip),
             ]
-            mounts = self._rootfs_mounts(box, image)
+            mounts = self._rootfs_mounts(box, image, meta["disk"])
             config = runtime_spec(self._spec_input(spec, image, meta, box, binds))
             (box / "config.json").write_text(json.dumps(config))
             pid_file = box / "init.pid"
@@ -303,9 +312,10 @@ class LocalBackend(HostFolders):
                 preexec=mounts.preexec(),
             )
             if rc != 0:
-                tail = (box / "console.log").read_text(errors="replace")[-2000:].strip()
+                tail = (box / "console.log").read_text(errors="replace")[-2000:]
                 what = "mount the rootfs of" if rc == MOUNT_FAILED else "start"
-                raise Unavailable(f"runc could not {what} sandbox {spec.id}: {tail}")
+                failure = f"runc could not {what} sandbox {spec.id}"
+                raise hidden(Unavailable, failure, tail, log)
             pid = int(pid_file.read_text())
             meta.update(pid=pid, pid_start=_start_time(pid))
             self._write_meta(spec.id, meta)
@@ -335,6 +345,7 @@ class LocalBackend(HostFolders):
             "cpu": spec.cpu,
             "memory": spec.memory_bytes,
             "pids": spec.pids_limit or self.default_pids_limit,
+            "disk": spec.disk_bytes or self.default_disk_bytes,
             "default_user": spec.user or image.user,
             "labels": dict(spec.labels),
             "extra_labels": self.extra_labels,
@@ -374,7 +385,7 @@ class LocalBackend(HostFolders):
     async def _allow(self, policy: NetworkPolicy) -> ResolvedAllow:
         if policy.egress != "allow":
             return ResolvedAllow((), False)
-        return await resolve_allow(policy.allow)
+        return await self.network.firewall.resolve(policy.allow)
 
     # ------------------------------------------------------------ records
 
@@ -405,6 +416,7 @@ class LocalBackend(HostFolders):
             cpu=meta.get("cpu"),
             memory_bytes=meta.get("memory"),
             pids_limit=meta.get("pids"),
+            disk_bytes=meta.get("disk"),
             exit_code=exit_code,
             error=None,
             default_user=meta.get("default_user") or None,

@@ -26,10 +26,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from orchard.env.errors import Unavailable
-from orchard.env.network import EgressFirewall
+from orchard.env.network import LOCAL_SUBNET, EgressFirewall
 
 LOCAL_BRIDGE = "orchard0"
-LOCAL_SUBNET = "10.215.0.0/16"
 NETNS_DIR = Path("/run/netns")  # where earlier versions named sandboxes' namespaces
 _NAT_TAG = "orchard-nat"
 _CLONE_NEWNET = 0x40000000
@@ -85,11 +84,13 @@ def _ip() -> str:
 class LocalNetwork:
     """The bridge, NAT, addresses and veth pairs of one local backend."""
 
-    def __init__(self, subnet: str = LOCAL_SUBNET, bridge: str = LOCAL_BRIDGE) -> None:
+    def __init__(
+        self, subnet: str = LOCAL_SUBNET, bridge: str = LOCAL_BRIDGE, protect: Iterable[str] = ()
+    ) -> None:
         self.net = ipaddress.IPv4Network(subnet)
         self.bridge = bridge
         self.gateway = str(next(self.net.hosts()))
-        self.firewall = EgressFirewall(str(self.net), accept_forward=True)
+        self.firewall = EgressFirewall(str(self.net), accept_forward=True, protect=protect)
         self._ready = False
         self._lock = asyncio.Lock()
         self._used: set[str] = {self.gateway}

@@ -13,6 +13,11 @@ otherwise. A name -> key map (`names/`) makes later creates of the same name fre
 pulled image in Docker's store, and keeps images of the engine's store usable while the
 engine does not answer. Concurrent first uses of one image unpack it once (an
 asyncio lock per key in this process, a file lock across processes).
+
+With a `policy` (the backend always gives one) names are checked by
+`image_policy.ImagePolicy` first, file sources must lie under the folders it allows, and a
+name is looked up in the engine's store by its canonical form only (never as an id
+prefix). What skopeo, umoci or the engine answer goes to the log, never to the caller.
 """
 
 from __future__ import annotations
@@ -31,7 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchard.env.backends.failures import hidden
 from orchard.env.errors import ImageNotFound, InvalidRequest, RegistryUnavailable, Unavailable
+from orchard.env.image_policy import (
+    FILE_TRANSPORTS,
+    ImagePolicy,
+    ImageRef,
+    names_image,
+    parse_reference,
+)
 
 log = logging.getLogger("orchard.local.images")
 
@@ -59,6 +72,24 @@ _UNREACHABLE = (
     "server misbehaving",
     "eof",
 )
+
+
+def _copy_error(source: str, name: str, out: str) -> Exception:
+    """Classify skopeo's failure; its text (addresses, paths, answers) is only logged."""
+    low = out.lower()
+    if "invalid reference" in low or "invalid image name" in low:
+        return hidden(InvalidRequest, f"invalid image reference {name!r}", out, log)
+    if source.startswith("docker://"):
+        if any(m in low for m in _UNREACHABLE) and "manifest unknown" not in low:
+            return hidden(
+                RegistryUnavailable, f"cannot pull image {name!r}: no registry answer", out, log
+            )
+        if any(m in low for m in _MISSING):
+            return hidden(ImageNotFound, f"image {name!r} not found", out, log)
+        return hidden(RegistryUnavailable, f"cannot pull image {name!r}", out, log)
+    if any(m in low for m in _MISSING) or "no such file" in low:
+        return hidden(ImageNotFound, f"image {name!r} not found", out, log)
+    return hidden(Unavailable, f"cannot import image {name!r}", out, log)
 
 
 @dataclass(frozen=True)
@@ -137,8 +168,10 @@ class ImageStore:
         docker_url: str | None = None,
         use_docker: bool = True,
         pull_timeout_s: float = 300.0,
+        policy: ImagePolicy | None = None,
     ) -> None:
         self.cache_dir = Path(cache_dir)
+        self.policy = policy
         (self.cache_dir / "names").mkdir(parents=True, exist_ok=True)
         self.pull_timeout_s = pull_timeout_s
         self._use_docker = use_docker
@@ -150,6 +183,8 @@ class ImageStore:
 
     async def resolve(self, name: str) -> LocalImage:
         """The unpacked image for `name`, unpacking it on first use."""
+        if name.startswith(FILE_TRANSPORTS) and self.policy is not None:
+            self.policy.check_file(name)  # names are checked by _resolve (cached once passed)
         hit = self._names.get(name)
         if hit and time.monotonic() - hit[0] < NAME_TTL_S:
             return hit[1]
@@ -182,14 +217,15 @@ class ImageStore:
     async def _resolve(self, name: str) -> LocalImage:
         if name.startswith("oci:"):
             path, _, tag = name[4:].partition(":")
-            return await self._from_source(f"oci:{path}:{tag or 'latest'}", None)
+            return await self._from_source(f"oci:{path}:{tag or 'latest'}", None, name)
         if name.startswith("docker-archive:"):
-            return await self._from_source(name, None)
+            return await self._from_source(name, None, name)
+        ref = self.policy.check(name) if self.policy is not None else parse_reference(name)
         remembered: LocalImage | None = None
         with contextlib.suppress(OSError):
             remembered = self.cached(self._name_file(name).read_text().strip())
         try:
-            docker_id = await self._docker_image_id(name) if self._use_docker else None
+            docker_id = await self._docker_image_id(ref) if self._use_docker else None
         except Unavailable:
             if remembered is None:
                 raise
@@ -200,11 +236,13 @@ class ImageStore:
             return remembered
         if docker_id is not None:
             key = "docker-" + docker_id.partition(":")[2]
-            image = await self._from_source(f"docker-daemon:{docker_id}", key)
+            image = await self._from_source(f"docker-daemon:{docker_id}", key, name)
         elif remembered is not None and not remembered.key.startswith("docker-"):
             return remembered  # pulled from a registry before, as Docker's store keeps it
         else:
-            image = await self._from_source(f"docker://{name}", None)
+            if self.policy is not None:
+                await self.policy.check_pull(ref)
+            image = await self._from_source(f"docker://{ref.canonical}", None, name)
         self._remember(name, image.key)
         return image
 
@@ -217,19 +255,22 @@ class ImageStore:
         tmp.write_text(key)
         os.replace(tmp, path)
 
-    async def _docker_image_id(self, name: str) -> str | None:
-        """The engine's id for `name`, or None when there is no engine or no such image."""
+    async def _docker_image_id(self, ref: ImageRef) -> str | None:
+        """The engine's id for `ref`, or None when there is no engine or no image of that name
+        (an image that only an id search would find does not count)."""
         import aiodocker
         from aiodocker.exceptions import DockerError
 
         try:
             async with asyncio.timeout(ENGINE_TIMEOUT_S):
                 async with aiodocker.Docker(url=self._docker_url) as docker:
-                    data = await docker.images.inspect(name)
+                    data = await docker.images.inspect(ref.canonical)
         except DockerError as e:
             if e.status in (400, 404):
                 return None
-            raise Unavailable(f"docker engine said {e.status}: {e.message}") from e
+            raise hidden(
+                Unavailable, "the docker engine failed to look up an image", str(e.message), log
+            ) from e
         except TimeoutError as e:
             raise Unavailable(f"docker engine did not answer in {ENGINE_TIMEOUT_S:g} s") from e
         except (OSError, ValueError, RuntimeError) as e:
@@ -238,11 +279,11 @@ class ImageStore:
         except Exception as e:  # aiohttp's connector errors: no engine here
             log.debug("no docker engine for image lookup: %s", e)
             return None
-        return str(data["Id"])
+        return str(data["Id"]) if names_image(ref, data) else None
 
     # ------------------------------------------------------------ copy + unpack
 
-    async def _from_source(self, source: str, key: str | None) -> LocalImage:
+    async def _from_source(self, source: str, key: str | None, name: str) -> LocalImage:
         if key is not None and (image := self.cached(key)):
             return image
         lock_key = key or source
@@ -252,7 +293,7 @@ class ImageStore:
             work = Path(tempfile.mkdtemp(prefix=".unpack-", dir=self.cache_dir))
             try:
                 layout = work / "layout"
-                await self._copy(source, layout)
+                await self._copy(source, layout, name)
                 digest, config = _layout_config(layout, "img")
                 key = key or "oci-" + digest.partition(":")[2]
                 if image := self.cached(key):
@@ -261,7 +302,7 @@ class ImageStore:
             finally:
                 await asyncio.to_thread(shutil.rmtree, work, True)
 
-    async def _copy(self, source: str, layout: Path) -> None:
+    async def _copy(self, source: str, layout: Path, name: str) -> None:
         skopeo = shutil.which("skopeo")
         if skopeo is None:
             raise Unavailable("the local backend needs `skopeo` to import images")
@@ -276,23 +317,11 @@ class ImageStore:
             )
         except TimeoutError as e:
             raise RegistryUnavailable(
-                f"importing image {source!r} took over {self.pull_timeout_s:.0f} s"
+                f"importing image {name!r} took over {self.pull_timeout_s:.0f} s"
             ) from e
         if rc == 0:
             return
-        low = out.lower()
-        what = source.partition(":")[2]
-        if "invalid reference" in low or "invalid image name" in low:
-            raise InvalidRequest(f"invalid image reference {what!r}: {out}")
-        if source.startswith("docker://"):
-            if any(m in low for m in _UNREACHABLE) and "manifest unknown" not in low:
-                raise RegistryUnavailable(f"cannot pull image {what!r}: {out}")
-            if any(m in low for m in _MISSING):
-                raise ImageNotFound(f"image {what!r} not found: {out}")
-            raise RegistryUnavailable(f"cannot pull image {what!r}: {out}")
-        if any(m in low for m in _MISSING) or "no such file" in low:
-            raise ImageNotFound(f"image {what!r} not found: {out}")
-        raise Unavailable(f"cannot import image {what!r}: {out}")
+        raise _copy_error(source, name, out)
 
     async def _unpack(
         self, layout: Path, key: str, config: dict[str, Any], work: Path
@@ -320,7 +349,7 @@ class ImageStore:
                 timeout_s=self.pull_timeout_s,
             )
             if rc != 0:
-                raise Unavailable(f"unpacking image {key}: {out}")
+                raise hidden(Unavailable, f"unpacking image {key} failed", out, log)
             cfg = config.get("config") or {}
             (staged / "image.json").write_text(json.dumps(cfg))
             os.replace(staged, self.cache_dir / key)  # atomic: readers see all or nothing
