@@ -16,7 +16,9 @@ from orchard.env.backends.base import SandboxSpec
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
     Conflict,
+    EgressDenied,
     ImageNotFound,
+    ImageRefused,
     InvalidRequest,
     RegistryUnavailable,
     SandboxExited,
@@ -348,10 +350,27 @@ async def test_the_role_grants_exactly_what_the_backend_calls(tmp_path: Path) ->
             await until(lambda b=backend: b._synced)
             await backend.list()
             await backend.set_expiry("sb-r", time.time() + 60)
-            await backend.set_network("sb-r", NetworkPolicy(egress="allow", allow=["10.0.0.1"]))
+            await backend.set_network("sb-r", NetworkPolicy(egress="allow", allow=["198.51.100.1"]))
             await backend.set_network("sb-r", NetworkPolicy())
             await backend.set_network("sb-r", NetworkPolicy(egress="all"))
             await backend.delete("sb-r")
             used |= {_verb(*r) for r in api.requests}
     assert used <= granted, used - granted
     assert granted <= used, f"granted but never used: {granted - used}"
+
+
+async def test_private_registries_and_cluster_ranges_are_refused(tmp_path: Path) -> None:
+    """The kubelet pulls from the node, so the registry policy applies as on docker/local;
+    an allow entry inside the cluster's ranges is refused, a wider one trimmed."""
+    async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
+        backend = make()
+        with pytest.raises(ImageRefused):
+            await backend.create(spec("sb-img", image="127.0.0.1:5000/probe:x"))
+        assert "orchard-sb-img" not in api.pods(NS)
+        inside = NetworkPolicy(egress="allow", allow=["10.244.0.7/32"])
+        with pytest.raises(EgressDenied):
+            await backend.create(spec("sb-in", network=inside))
+        wide = NetworkPolicy(egress="allow", allow=["0.0.0.0/0"])
+        await backend.create(spec("sb-wide", network=wide))
+        block = api.items("networkpolicies", NS)["orchard-sb-wide"]["spec"]["egress"][0]["to"][0]
+        assert "10.0.0.0/8" in block["ipBlock"]["except"]

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from orchard import Orchard
-from orchard.env.errors import NotFound, OrchardError, SandboxExited
+from orchard.env.errors import EgressDenied, NotFound, OrchardError, SandboxExited
 from orchard.env.sdk import Sandbox
 from tests.live.conftest import CLUSTER_SH, Deployed, kget, kubectl
 
@@ -156,7 +156,7 @@ def test_egress_is_enforced_by_network_policy(
         cases = [
             ({"egress": "none"}, False),
             ({"egress": "all"}, True),
-            ({"egress": "allow", "allow": [f"{out_ip}/32", f"{other_ip}/32"]}, True),
+            ({"egress": "allow", "allow": [f"{out_ip}/32"]}, True),
             ({"egress": "allow", "allow": ["0.0.0.0/0"]}, True),
             ({"egress": "allow", "allow": ["203.0.113.0/24"]}, False),
         ]
@@ -165,6 +165,12 @@ def test_egress_is_enforced_by_network_policy(
                 got = {name: reach(sb, ip, port) for name, (ip, port) in never.items()}
                 assert got == dict.fromkeys(never, False), (network, got)
                 assert reach(sb, out_ip, out_port) is outside_ok, network
+        # Naming another sandbox (or anything in the cluster's ranges) is refused outright.
+        for entry in (f"{other_ip}/32", "10.96.0.0/16", f"{node}/32"):
+            with pytest.raises(EgressDenied):
+                client.sandboxes.create(
+                    sandbox_image, timeout_s=300, network={"egress": "allow", "allow": [entry]}
+                )
         # Changed at run time: none -> all opens the outside, nothing else.
         with client.sandboxes.create(sandbox_image, timeout_s=300) as sb:
             assert not reach(sb, out_ip, out_port)

@@ -49,6 +49,7 @@ from orchard.env.errors import (
     Unavailable,
     Unschedulable,
 )
+from orchard.env.image_policy import ImagePolicy
 from orchard.env.models import NetworkPolicy
 from orchard.env.network import ResolvedAllow, resolve_allow
 
@@ -72,8 +73,17 @@ class KubernetesBackend:
 
     name = "kubernetes"
 
-    def __init__(self, options: KubernetesOptions, *, client: AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        options: KubernetesOptions,
+        *,
+        client: AsyncClient | None = None,
+        image_policy: ImagePolicy | None = None,
+    ) -> None:
         self.opts = options
+        # The kubelet pulls from the node: the same registry policy as the other backends
+        # keeps image names from reaching the node's own ports or private addresses.
+        self.image_policy = image_policy or ImagePolicy()
         self._client = client
         self._sem = asyncio.Semaphore(options.api_concurrency)
         self._pods: dict[str, dict[str, Any]] = {}  # sandbox id -> latest pod, from the watch
@@ -265,7 +275,9 @@ class KubernetesBackend:
     async def _resolved(self, policy: NetworkPolicy, cilium: bool) -> ResolvedAllow:
         if policy.egress != "allow" or cilium:
             return ResolvedAllow((), False)  # Cilium resolves names itself (toFQDNs)
-        return await resolve_allow(policy.allow)
+        # An entry wholly inside the never-reached ranges is refused (422), as on docker
+        # and local; wider ones are trimmed around them by the policy's ipBlock excepts.
+        return await resolve_allow(policy.allow, refused=objs.never_reached(self.opts))
 
     def _policy(
         self, sid: str, policy: NetworkPolicy, allow: ResolvedAllow, cilium: bool, uid: str | None
@@ -313,6 +325,7 @@ class KubernetesBackend:
         """Create the pod (and its egress policy) and wait until it has an IP; the service
         then waits for the agent's /health. Stuck pods fail with the scheduler's reason."""
         objs.check_id(spec.id)
+        await self.image_policy.check_pull(self.image_policy.check(spec.image))
         self._ensure_watch()
         body = objs.build_pod(spec, self.opts, time.time())
         cilium = await self._uses_cilium() if spec.network.egress != "none" else False
