@@ -33,7 +33,13 @@ from orchard.env.backends import k8s_objects as objs
 from orchard.env.backends.k8s_objects import KubernetesOptions
 from orchard.env.backends.kubernetes import KubernetesBackend
 from orchard.env.config import ServiceConfig
-from orchard.env.errors import ImageNotFound, RegistryUnavailable, Unschedulable
+from orchard.env.errors import (
+    AdmissionDenied,
+    ImageNotFound,
+    QuotaExceeded,
+    RegistryUnavailable,
+    Unschedulable,
+)
 from orchard.env.models import NetworkPolicy, SandboxCreate
 from orchard.env.service import SandboxService
 
@@ -189,3 +195,39 @@ async def test_unschedulable_and_missing_image_are_reported(
         assert await svc.list_sandboxes("alice") == []
     finally:
         await svc.stop(delete_created=True)
+
+
+async def test_admission_and_quota_refusals_keep_stable_codes(
+    cluster: AsyncClient, tmp_path: Path, image: str
+) -> None:
+    """What only a real API server does: Pod Security denying the pod (403
+    admission_denied) and a ResourceQuota exhausted (429 quota_exceeded), nothing left."""
+    from lightkube.resources.core_v1 import ResourceQuota
+
+    strict, full = f"{NAMESPACE}-restricted", f"{NAMESPACE}-quota"
+    made = [
+        Namespace.from_dict({"metadata": {"name": strict, "labels": {
+            "pod-security.kubernetes.io/enforce": "restricted"}}}),
+        Namespace.from_dict({"metadata": {"name": full}}),
+    ]  # fmt: skip
+    for ns in made:
+        with contextlib.suppress(ApiError):
+            await cluster.create(ns)
+    quota = ResourceQuota.from_dict(
+        {"metadata": {"name": "none", "namespace": full}, "spec": {"hard": {"pods": "0"}}}
+    )
+    with contextlib.suppress(ApiError):
+        await cluster.create(quota)
+    try:
+        for ns, err in ((strict, AdmissionDenied), (full, QuotaExceeded)):
+            svc, _ = await _service(options(namespace=ns), tmp_path / ns)
+            try:
+                with pytest.raises(err):
+                    await svc.create("alice", SandboxCreate(image=image, cmd=["sleep", "60"]))
+                assert await svc.list_sandboxes("alice") == []
+            finally:
+                await svc.stop(delete_created=True)
+    finally:
+        for ns in made:
+            with contextlib.suppress(ApiError):
+                await cluster.delete(Namespace, ns.metadata.name)  # type: ignore[union-attr]
