@@ -55,34 +55,41 @@ node_ip() {
 }
 
 # --- build ---------------------------------------------------------------------------------
+build_kubernetes() {
+  log "building Kubernetes v$K8S_VERSION and etcd from the Go module proxy into $BIN (once; ~7-10 min on 2 cores)"
+  local tmp="$BIN.tmp" ld v="k8s.io/component-base/version"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  ld="-s -w -X $v.gitVersion=v$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
+  ld+=" -X $v.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=v$K8S_VERSION"
+  (
+    cd "$HERE/build"
+    export CGO_ENABLED=0 GOFLAGS=-trimpath
+    go build -ldflags "$ld" -o "$tmp/" \
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
+      k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl
+    go build -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
+    go build -ldflags "-s -w" -o "$tmp/pause" ./pause
+  )
+  rm -rf "$BIN" && mv "$tmp" "$BIN"
+}
+
+build_kube_router() {
+  log "building kube-router v$KUBE_ROUTER_VERSION into $KR_BIN (once)"
+  rm -rf "$KR_BIN.tmp" && mkdir -p "$KR_BIN.tmp"
+  (cd /tmp && GOBIN="$KR_BIN.tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v$KUBE_ROUTER_VERSION")
+  rm -rf "$KR_BIN" && mv "$KR_BIN.tmp" "$KR_BIN"
+}
+
 cmd_build() {
   command -v go >/dev/null || die "go is not installed"
-  if [ ! -x "$BIN/kubelet" ]; then
-    log "building Kubernetes v$K8S_VERSION and etcd from the Go module proxy into $BIN (once; ~15-25 min on 2 cores)"
-    local tmp="$BIN.tmp" ld
-    rm -rf "$tmp" && mkdir -p "$tmp"
-    local v="k8s.io/component-base/version"
-    ld="-s -w -X $v.gitVersion=v$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
-    ld+=" -X $v.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=v$K8S_VERSION"
-    (
-      cd "$HERE/build"
-      export CGO_ENABLED=0 GOFLAGS=-trimpath
-      go build -ldflags "$ld" -o "$tmp/" \
-        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
-        k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl
-      go build -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
-      go build -ldflags "-s -w" -o "$tmp/pause" ./pause
-    )
-    rm -rf "$BIN" && mv "$tmp" "$BIN"
-  fi
-  if [ ! -x "$KR_BIN/kube-router" ]; then
-    log "building kube-router v$KUBE_ROUTER_VERSION into $KR_BIN (once)"
-    mkdir -p "$KR_BIN.tmp"
-    (cd /tmp && GOBIN="$KR_BIN.tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
-      "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v$KUBE_ROUTER_VERSION")
-    rm -rf "$KR_BIN" && mv "$KR_BIN.tmp" "$KR_BIN"
-  fi
+  local jobs=() j failed=0
+  # Both at once: the two module graphs share little, and the machine's memory allows it.
+  [ -x "$BIN/kubelet" ] || { build_kubernetes & jobs+=($!); }
+  [ -x "$KR_BIN/kube-router" ] || { build_kube_router & jobs+=($!); }
+  for j in "${jobs[@]}"; do wait "$j" || failed=1; done
+  [ "$failed" = 0 ] || die "the build failed (see above)"
   log "binaries: $BIN ($("$BIN/kubectl" version --client 2>/dev/null | head -1))"
 }
 
