@@ -231,3 +231,12 @@ def test_small_default_sandboxes_may_burst() -> None:
     validate(pod)
     exact = objs.build_pod(spec(cpu=0.5), opts, 1.0)["spec"]["containers"][0]["resources"]
     assert exact["requests"] == exact["limits"]
+
+
+def test_disk_is_the_ephemeral_storage_limit() -> None:
+    pod = objs.build_pod(spec(disk_bytes=3 << 30), KubernetesOptions(), 1.0)
+    res = pod["spec"]["containers"][0]["resources"]
+    assert (
+        res["limits"]["ephemeral-storage"] == str(3 << 30) == res["requests"]["ephemeral-storage"]
+    )
+    validate(pod)

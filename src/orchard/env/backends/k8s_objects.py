@@ -36,6 +36,7 @@ A_IDLE = f"{GROUP}/idle-timeout-s"
 A_NETWORK = f"{GROUP}/network"
 A_CPU = f"{GROUP}/cpu"
 A_MEMORY = f"{GROUP}/memory"
+A_DISK = f"{GROUP}/disk"
 A_PIDS = f"{GROUP}/pids"
 A_USER = f"{GROUP}/default-user"
 A_LABELS = f"{GROUP}/labels"
@@ -224,6 +225,7 @@ def _annotations(spec: SandboxSpec, created_at: float, memory: int, cpu: float) 
         A_NETWORK: spec.network.model_dump_json(),
         A_CPU: repr(cpu),
         A_MEMORY: str(memory),
+        A_DISK: str(spec.disk_bytes or ""),
         A_PIDS: str(spec.pids_limit or ""),
         A_USER: spec.user or "",
         A_LABELS: json.dumps(spec.labels, sort_keys=True),
@@ -253,7 +255,10 @@ def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> 
     if spec.cmd:
         args += ["--", *spec.cmd]
     cpu_limit = spec.cpu or max(cpu, opts.default_cpu_limit or cpu)
-    limits = {"cpu": _cpu(cpu), "memory": str(memory), "ephemeral-storage": opts.ephemeral_storage}
+    # A sandbox's `disk` is its ephemeral-storage limit (writable layer + emptyDirs): the
+    # kubelet evicts a pod that writes past it.
+    disk = str(spec.disk_bytes) if spec.disk_bytes else opts.ephemeral_storage
+    limits = {"cpu": _cpu(cpu), "memory": str(memory), "ephemeral-storage": disk}
     requests = dict(limits)
     limits["cpu"] = _cpu(cpu_limit)
     env = [{"name": k, "value": v} for k, v in spec.env.items()]
@@ -614,6 +619,7 @@ def record_from_pod(pod: Mapping[str, Any], opts: KubernetesOptions) -> SandboxR
         labels={str(k): str(v) for k, v in dict(user_labels).items()},
         cpu=_float(ann.get(A_CPU)),
         memory_bytes=_int(ann.get(A_MEMORY)),
+        disk_bytes=_int(ann.get(A_DISK)),
         pids_limit=_int(ann.get(A_PIDS)),
         exit_code=exit_code,
         error=error,
