@@ -50,6 +50,7 @@ from orchard.env.models import (
     ProcessOutput,
     TarResult,
 )
+from orchard.env.wire import NOT_FORWARDED
 
 Body = bytes | AsyncIterable[bytes]
 # Query strings as a proxy receives them: raw, or multi-valued pairs via httpx.QueryParams.
@@ -72,23 +73,8 @@ _AGENT_CODES: dict[str, type[OrchardError]] = {
     "internal": Internal,
 }
 
-# Headers that describe one hop, never the request itself (RFC 9110 7.6.1), plus the
-# caller's credentials: `forward` drops them so the agent sees only its own token.
-_HOP_HEADERS = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "authorization",
-    }
-)
+# The relay's one list, plus Content-Length: httpx re-frames the body it is given.
+_HOP_HEADERS = NOT_FORWARDED | {"content-length"}
 
 
 # For streams and uploads: connect quickly, then wait as long as the data takes.

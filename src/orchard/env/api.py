@@ -83,6 +83,7 @@ from orchard.env.models import (
     TimeoutUpdate,
 )
 from orchard.env.service import SandboxService
+from orchard.env.wire import NOT_FORWARDED
 
 log = logging.getLogger("orchard.api")
 
@@ -90,21 +91,6 @@ KEY_QUERY = "orchard_key"
 # Quick agent routes get a bounded wait; exec/wait/streams/uploads bound themselves.
 _QUICK = httpx.Timeout(60.0, connect=10.0)
 _UNBOUNDED = httpx.Timeout(None, connect=10.0)
-_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "authorization",
-        "x-api-key",
-    }
-)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 410, 413, 422, 503)
 }
@@ -231,7 +217,7 @@ async def forward(
 
 
 def _filtered(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in headers if k.decode("latin-1").lower() not in _HOP]
+    return [(k, v) for k, v in headers if k.decode("latin-1").lower() not in NOT_FORWARDED]
 
 
 async def stream(
@@ -718,7 +704,7 @@ async def _ws_connect(
 ) -> ClientConnection:
     query = _proxy_query(ws)
     target = f"/proxy/{port}/{quote(path)}" + (f"?{query}" if query else "")
-    skip = _HOP | {"origin", "cookie"}
+    skip = NOT_FORWARDED | {"origin", "cookie"}
     headers = [
         (k, v)
         for k, v in ws.headers.items()
