@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from orchard.env.agent_client import AgentClient, locate_agent_binary
 from orchard.env.backends.base import AgentEndpoint
+from orchard.env.backends.factories import locate_agent_binary
 from orchard.env.errors import (
     AgentUnavailable,
     BadRequest,
@@ -32,6 +32,7 @@ from orchard.env.errors import (
     Unauthorized,
     Unavailable,
 )
+from orchard.env.server.agent_client import AgentClient
 from tests.conftest import HostAgent
 
 pytestmark = pytest.mark.anyio

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.agent_client import AgentClient
 from orchard.env.errors import Unauthorized
+from orchard.env.server.agent_client import AgentClient
 from tests.conftest import TEST_LABELS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]

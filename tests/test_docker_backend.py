@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from orchard.env.agent_client import AgentClient
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.backends.docker import (
     AGENT_PATH,
@@ -32,6 +31,7 @@ from orchard.env.errors import (
     RegistryUnavailable,
 )
 from orchard.env.models import NetworkPolicy
+from orchard.env.server.agent_client import AgentClient
 from tests.backends.backend_harness import TEST_LABELS, owned
 
 pytestmark = pytest.mark.anyio

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from orchard.env.agent_client import AgentClient
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.backends.docker import DockerBackend
 from orchard.env.errors import InvalidRequest, Unavailable
@@ -32,6 +31,7 @@ from orchard.env.network import (
     resolve_allow,
     sandbox_rules,
 )
+from orchard.env.server.agent_client import AgentClient
 from tests.backends.backend_harness import TEST_LABELS, owned
 
 TARGET_NET = "orchard-test-targets"

@@ -26,9 +26,9 @@ from orchard import AsyncOrchard, Orchard
 from orchard.env import _sdk_core as core
 from orchard.env._sdk_ahttp import AsyncLeanHTTP, async_lean_transport
 from orchard.env._sdk_core import RetryPolicy
-from orchard.env.api import create_app
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import Unavailable
+from orchard.env.server import create_app
 from tests.servers import serve_uvicorn
 from tests.test_sdk_http import OK, ScriptedPeer, call, make_app
 

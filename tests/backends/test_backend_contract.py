@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from orchard.env.agent_client import AgentClient
-from orchard.env.api import EmbeddedService
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import Conflict, InvalidRequest, NotFound
 from orchard.env.models import NetworkPolicy
 from orchard.env.sdk import Orchard
+from orchard.env.server import EmbeddedService
+from orchard.env.server.agent_client import AgentClient
 from tests.backends.backend_harness import AnyBackend, Harness
 
 pytestmark = pytest.mark.anyio

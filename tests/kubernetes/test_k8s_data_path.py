@@ -25,7 +25,7 @@ import pytest
 
 from orchard.env.config import ServiceConfig
 from orchard.env.models import SandboxCreate
-from orchard.env.service import SandboxService
+from orchard.env.server.service import SandboxService
 from tests.conftest import TEST_LABELS
 from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
 from tests.kubernetes.kube_helpers import NS, fake_cluster

@@ -35,7 +35,7 @@ from orchard.env.backends.kubernetes import KubernetesBackend
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import ImageNotFound, RegistryUnavailable, Unavailable
 from orchard.env.models import NetworkPolicy, SandboxCreate
-from orchard.env.service import SandboxService
+from orchard.env.server.service import SandboxService
 
 KUBECONFIG = os.environ.get("ORCHARD_TEST_KUBECONFIG", "")
 pytestmark = [

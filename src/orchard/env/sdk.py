@@ -42,8 +42,8 @@ from orchard.env._sdk_http import lean_transport
 from orchard.env.errors import NotFound
 
 if TYPE_CHECKING:
-    from orchard.env.api import EmbeddedService
     from orchard.env.config import ServiceConfig
+    from orchard.env.server import EmbeddedService
 
 __all__ = [
     "AsyncBatch",
@@ -67,7 +67,7 @@ def _connect(
     if target is not None:
         return target, None
     # Imported here: the service (FastAPI, Docker client) is only needed in this mode.
-    from orchard.env.api import EmbeddedService
+    from orchard.env.server import EmbeddedService
 
     service = EmbeddedService(service_config).start()
     return Target(core.UDS_HOST, uds=service.socket_path), service

@@ -16,8 +16,6 @@ import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from importlib import resources
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypedDict, Unpack
 from urllib.parse import urlencode
@@ -692,24 +690,3 @@ def _range(path: str, offset: int | None, length: int | None) -> dict[str, Any]:
     if length is not None:
         params["length"] = length
     return params
-
-
-def locate_agent_binary() -> Path:
-    """Find the orchard-agent binary: $ORCHARD_AGENT_BINARY, the package's copy, a source build."""
-    env = os.environ.get("ORCHARD_AGENT_BINARY")
-    if env:
-        path = Path(env)
-        if not path.is_file():
-            raise FileNotFoundError(f"ORCHARD_AGENT_BINARY={env} does not exist")
-        return path
-    packaged = resources.files("orchard").joinpath("bin", "orchard-agent")
-    if packaged.is_file():
-        return Path(str(packaged))
-    # src/orchard/env/agent_client.py -> the repository root holds build/orchard-agent.
-    built = Path(__file__).resolve().parents[3] / "build" / "orchard-agent"
-    if built.is_file():
-        return built
-    raise FileNotFoundError(
-        "orchard-agent binary not found: run `make agent` in the source checkout "
-        "(or set ORCHARD_AGENT_BINARY to its path)"
-    )
