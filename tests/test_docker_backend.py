@@ -31,7 +31,7 @@ from orchard.env.errors import (
     RegistryUnavailable,
 )
 from orchard.env.models import NetworkPolicy
-from orchard.env.server.agent_client import AgentClient
+from tests.agent_routes import TypedAgent
 from tests.backends.backend_harness import TEST_LABELS, owned
 
 pytestmark = pytest.mark.anyio
@@ -53,9 +53,9 @@ def docker_inspect(name: str) -> dict[str, Any]:
     return data
 
 
-def agent_for(rec: SandboxRecord, spec: SandboxSpec) -> AgentClient:
+def agent_for(rec: SandboxRecord, spec: SandboxSpec) -> TypedAgent:
     assert rec.endpoint.socket_path
-    return AgentClient(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
+    return TypedAgent(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from orchard.env.network import (
     resolve_allow,
     sandbox_rules,
 )
-from orchard.env.server.agent_client import AgentClient
+from tests.agent_routes import TypedAgent
 from tests.backends.backend_harness import TEST_LABELS, owned
 
 TARGET_NET = "orchard-test-targets"
@@ -135,7 +135,7 @@ async def backend(
 @dataclass
 class Box:
     id: str
-    agent: AgentClient
+    agent: TypedAgent
 
     async def fetch(self, host: str, port: int = PORT) -> str | None:
         """The page at host:port, or None if the sandbox cannot reach it within 2 s."""
@@ -159,7 +159,7 @@ async def boxes(backend: DockerBackend, busybox_image: str) -> AsyncIterator[Any
         )
         rec = await backend.create(spec)
         assert rec.endpoint.socket_path
-        agent = AgentClient(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
+        agent = TypedAgent(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
         await agent.wait_ready(15)
         made.append(Box(spec.id, agent))
         return made[-1]

@@ -24,6 +24,8 @@ from pydantic import BaseModel, ValidationError
 
 from orchard.env import models as m
 from orchard.env._sdk_tar import CHUNK as CHUNK
+from orchard.env._sdk_tar import IterReader as IterReader
+from orchard.env._sdk_tar import coalesce as coalesce
 from orchard.env._sdk_tar import extract_tar as extract_tar
 from orchard.env._sdk_tar import iter_tar as iter_tar
 from orchard.env.errors import InvalidRequest, OrchardError, Unavailable, error_from_response
@@ -627,42 +629,3 @@ def download_tar(sandbox_id: str, remote_dir: str) -> Call[None]:
         idempotent=True,
         read_timeout=None,
     )
-
-
-# ---------------------------------------------------------------- tar streams
-
-
-def coalesce(chunks: Iterable[bytes], min_size: int = 256 << 10) -> Iterator[bytes]:
-    """Join small chunks (tar headers) so each hop to a worker thread moves a useful amount."""
-    buf: list[bytes] = []
-    size = 0
-    for chunk in chunks:
-        buf.append(chunk)
-        size += len(chunk)
-        if size >= min_size:
-            yield b"".join(buf)
-            buf, size = [], 0
-    if buf:
-        yield b"".join(buf)
-
-
-class IterReader(io.RawIOBase):
-    """A read-only file object over an iterator of byte chunks (for streaming tar extraction)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buf = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        while not self._buf:
-            try:
-                self._buf = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n

@@ -8,9 +8,7 @@ becomes the service's typed error; an unreachable agent is explained by the serv
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterable
-from contextlib import AsyncExitStack
 from typing import Any
 from urllib.parse import quote
 
@@ -19,8 +17,8 @@ import httpx
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
-from orchard.env.errors import AgentUnavailable, NotFound, OrchardError, TooLarge
-from orchard.env.server.agent_client import agent_error
+from orchard.env.errors import AgentUnavailable, NotFound, TooLarge
+from orchard.env.server.agent_client import STREAMING, error_of
 from orchard.env.server.service import SandboxService
 from orchard.env.wire import NOT_FORWARDED
 
@@ -32,14 +30,6 @@ UNBOUNDED = httpx.Timeout(None, connect=10.0)
 def json_body(model: Any) -> bytes:
     data: bytes = model.model_dump_json(exclude_none=True).encode()
     return data
-
-
-def _agent_error(status: int, raw: bytes) -> OrchardError:
-    try:
-        body: Any = json.loads(raw)
-    except ValueError:
-        body = {"error": {"code": None, "message": raw.decode(errors="replace")[:500]}}
-    return agent_error(status, body)
 
 
 async def forward(
@@ -59,39 +49,28 @@ async def forward(
 
     `length` is a streamed body's exact size, passed on as Content-Length (not chunked)."""
     agent = await svc.agent(owner, sid)
+    headers = [("Content-Type", content_type)] if content_type and content is not None else None
     try:
-        if content is None or isinstance(content, bytes):
-            # Buffered: the lean keep-alive client (the exec hot path).
-            reply = await agent.call(
-                method,
-                path,
-                params=params,
-                body=content,
-                content_type=content_type,
-                timeout=timeout,
-            )
-            status, data, ctype = reply.status, reply.body, reply.content_type
-        else:
-            headers = {"Content-Type": content_type} if content_type else None
-            resp = await agent.forward(
-                method,
-                path,
-                params=params,
-                headers=headers,
-                content=content,
-                timeout=timeout,
-                length=length,
-            )
-            status, data, ctype = resp.status_code, resp.content, resp.headers.get("content-type")
+        resp = await agent.send(
+            method,
+            path,
+            params=params,
+            headers=headers,
+            content=content,
+            timeout=timeout,
+            length=length,
+        )
     except AgentUnavailable as e:
         raise await svc.agent_failed(owner, sid, e) from e
     finally:
         svc.touch(sid)
+    status = resp.status_code
     if status >= 400:
-        raise _agent_error(status, data)
+        raise error_of(status, resp.content)
     if status == 204:
         return Response(status_code=204)
-    return Response(data, status_code=status, media_type=ctype or "application/json")
+    ctype = resp.headers.get("content-type") or "application/json"
+    return Response(resp.content, status_code=status, media_type=ctype)
 
 
 def filtered(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -109,52 +88,42 @@ async def stream(
     headers: list[tuple[str, str]] | None = None,
     content: bytes | AsyncIterator[bytes] | None = None,
     passthrough_errors: bool = False,
-    download: bool = False,
 ) -> StreamingResponse:
-    """Open an agent stream and relay it; the upstream closes when the client goes away.
-
-    `download` (a GET of a file or tar) takes the agent client's lean download path."""
+    """Open an agent stream and relay it; the upstream closes when the client goes away."""
     agent = await svc.agent(owner, sid)
-    stack = AsyncExitStack()
     try:
-        if download:
-            dl = await stack.enter_async_context(agent.download(path, params=params))
-            status, chunks, read = dl.status, dl.body, dl.read
-            raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in dl.headers.items()]
-        else:
-            resp = await stack.enter_async_context(
-                agent.stream(method, path, params=params, headers=headers, content=content)
-            )
-            status, chunks, read, raw = (
-                resp.status_code,
-                resp.aiter_raw(),
-                resp.aread,
-                resp.headers.raw,
-            )
+        resp = await agent.send(
+            method,
+            path,
+            params=params,
+            headers=headers,
+            content=content,
+            timeout=STREAMING,
+            stream=True,
+        )
     except AgentUnavailable as e:
-        await stack.aclose()
         raise await svc.agent_failed(owner, sid, e) from e
-    except BaseException:
-        await stack.aclose()
-        raise
-    if status >= 400 and not passthrough_errors:
+    if resp.status_code >= 400 and not passthrough_errors:
         try:
-            raise _agent_error(status, await read())
+            raw = await resp.aread()
+        except httpx.TransportError as e:
+            raise await svc.agent_failed(owner, sid, e) from e
         finally:
-            await stack.aclose()
+            await resp.aclose()
+        raise error_of(resp.status_code, raw)
 
     async def relay() -> AsyncIterator[bytes]:
         try:
-            async for chunk in chunks:
+            async for chunk in resp.aiter_raw():
                 yield chunk
         finally:
             # Shielded: on client disconnect this scope is cancelled, yet upstream must close.
             with anyio.CancelScope(shield=True):
-                await stack.aclose()
+                await resp.aclose()
             svc.touch(sid)
 
-    out = StreamingResponse(relay(), status_code=status)
-    out.raw_headers = filtered(raw)
+    out = StreamingResponse(relay(), status_code=resp.status_code)
+    out.raw_headers = filtered(resp.headers.raw)
     return out
 
 

@@ -42,9 +42,7 @@ async def read_file(
     offset: Annotated[int | None, Query(ge=0)] = None,
     length: Annotated[int | None, Query(ge=0)] = None,
 ) -> StreamingResponse:
-    return await stream(
-        svc, owner, sandbox_id, "GET", "/files", params=request.query_params, download=True
-    )
+    return await stream(svc, owner, sandbox_id, "GET", "/files", params=request.query_params)
 
 
 @router.put(SB + "/files", status_code=201, response_model=FileStat)
@@ -100,6 +98,4 @@ async def upload_tar(
 async def download_tar(
     request: Request, sandbox_id: str, path: str, owner: Owner, svc: Svc
 ) -> StreamingResponse:
-    return await stream(
-        svc, owner, sandbox_id, "GET", "/files/tar", params=request.query_params, download=True
-    )
+    return await stream(svc, owner, sandbox_id, "GET", "/files/tar", params=request.query_params)

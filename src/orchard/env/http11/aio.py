@@ -1,0 +1,385 @@
+"""Keep-alive HTTP/1.1 on asyncio streams: the async SDK's transport and the service -> agent hop.
+
+httpx.AsyncClient spends more Python per request than a ~2 ms exec can afford (URL models,
+h11 events, anyio); this pool speaks just enough HTTP/1.1 over a Unix socket or TCP (TLS
+for https). `AsyncPool.send` carries any request (a buffered body, or an async stream,
+sized or chunked) and returns an `httpx.Response`, read whole or streamed; a streamed
+answer's connection goes back to the pool once read to the end, or is closed if
+abandoned midway. A semaphore bounds the open connections. `AsyncLeanTransport` puts it
+behind httpx's transport seam, so `AsyncOrchard(transport=...)` and tests can swap it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from orchard.env.http11 import framing as f
+from orchard.env.http11.framing import Framing, Unanswered
+
+# httpx's default connection limit, so switching transports does not change concurrency.
+MAX_CONNECTIONS = 100
+MAX_IDLE = 32
+Body = bytes | AsyncIterable[bytes] | None
+Timeouts = httpx.Timeout
+
+
+class _Conn:
+    __slots__ = ("idle_since", "loop", "reader", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_since = 0.0
+        self.loop = asyncio.get_running_loop()
+
+    def usable(self, now: float, expiry_s: float) -> bool:
+        """Not idle too long, not closed by the server (its EOF seen), and on this loop.
+
+        A script may drive one client from successive `asyncio.run` calls; a connection
+        made on an earlier (closed) loop cannot be used on this one.
+        """
+        return (
+            self.loop is asyncio.get_running_loop()
+            and now - self.idle_since < expiry_s
+            and not self.reader.at_eof()
+            and not self.writer.is_closing()
+        )
+
+    def close(self) -> None:
+        if not self.loop.is_closed():
+            self.writer.close()
+
+
+class AsyncPool:
+    """At most `max_connections` keep-alive connections to one server.
+
+    `headers` go on every request (e.g. Host and a token). `idle_expiry_s` keeps a pooled
+    connection from being reused just as the server closes it for idling.
+    """
+
+    def __init__(
+        self,
+        *,
+        uds: str | None = None,
+        host: str = "localhost",
+        port: int = 80,
+        tls: ssl.SSLContext | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+        max_connections: int = MAX_CONNECTIONS,
+        idle_expiry_s: float = 4.0,
+    ) -> None:
+        self.uds = uds
+        self.host, self.port, self.tls = host, port, tls
+        self.where = uds or f"{host}:{port}"
+        self.headers = list(headers)
+        self.idle_expiry_s = idle_expiry_s
+        self._idle: list[_Conn] = []
+        self._slots = asyncio.Semaphore(max_connections)
+        self._closed = False
+        self.opened = 0  # connections opened so far (observable reuse)
+
+    @classmethod
+    def for_url(cls, url: str, **kw: Any) -> AsyncPool:
+        """A pool for an http(s):// base URL; https gets the default trust store."""
+        parts = urlsplit(url)
+        https = parts.scheme == "https"
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        tls = ssl.create_default_context() if https else None
+        return cls(host=parts.hostname, port=parts.port or (443 if https else 80), tls=tls, **kw)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                await conn.writer.wait_closed()
+
+    # ------------------------------------------------------------ one request
+
+    async def send(
+        self,
+        method: str,
+        target: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        body: Body = None,
+        length: int | None = None,
+        framed: bool = False,
+        timeout: Timeouts,
+        idempotent: bool | None = None,
+        stream: bool | None = False,
+    ) -> httpx.Response:
+        """Send one request; any answer comes back (error statuses included).
+
+        `target` is the encoded path and query. A streamed `body` goes with `length` as
+        Content-Length, else chunked; `framed`: `headers` already say which. The answer is
+        read whole unless `stream` (then `aclose()` it); None: whole if small and sized.
+        """
+        size = len(body) if isinstance(body, bytes) else 0 if body is None else length or -1
+        if framed:
+            chunked = any(k.lower() == "transfer-encoding" for k, _ in headers)
+            head = f.request_head(method, target, [*self.headers, *headers])
+        else:
+            chunked = size < 0
+            head = f.request_head(method, target, [*self.headers, *headers], body=size)
+        replayable = body is None or isinstance(body, bytes)
+        idem = f.is_idempotent(method, idempotent)
+        retried = False
+        while True:
+            conn, reused = await self._checkout(timeout)
+            try:
+                status, fields, frame = await self._exchange(
+                    conn, method, head, body, chunked, timeout
+                )
+                chunks = _body(conn.reader, frame, timeout.read)
+                if stream or (stream is None and f.streams(frame)):
+                    held = _Held(self, conn, frame.keep_alive)
+                    return httpx.Response(status, headers=fields, stream=_Stream(chunks, held))
+                content = b"".join([c async for c in chunks])
+            except Unanswered as e:
+                self._checkin(conn, False)
+                if f.may_retry(e, reused=reused, retried=retried, idempotent=idem) and (
+                    replayable or not e.started
+                ):
+                    retried = True  # a stale pooled connection: once more, on a new one
+                    continue
+                raise f.as_httpx(e.cause, e.sent) from e.cause
+            except httpx.TransportError:
+                self._checkin(conn, False)
+                raise
+            except (OSError, ValueError, EOFError) as e:
+                self._checkin(conn, False)
+                raise _protocol(e) from e
+            except BaseException:  # cancelled: the answer is unread, so the connection is spent
+                self._checkin(conn, False)
+                raise
+            self._checkin(conn, frame.keep_alive)
+            return httpx.Response(status, headers=fields, content=content)
+
+    async def _exchange(
+        self, conn: _Conn, method: str, head: bytes, body: Body, chunked: bool, t: Timeouts
+    ) -> tuple[int, f.Fields, Framing]:
+        sent = False
+        started = [False]
+        try:
+            async with asyncio.timeout(t.write):
+                await _write(conn.writer, head, body, chunked, started)
+            sent = True
+            async with asyncio.timeout(t.read):
+                block = await conn.reader.readuntil(b"\r\n\r\n")
+                while True:
+                    version, status, fields = f.parse_head(block)
+                    if not 100 <= status < 200:
+                        break
+                    block = await conn.reader.readuntil(b"\r\n\r\n")  # 1xx: the real one follows
+        except asyncio.IncompleteReadError as e:
+            if e.partial:
+                raise httpx.RemoteProtocolError(f"answer cut off: {e.partial[:80]!r}") from e
+            closed = ConnectionResetError("server closed the connection")
+            raise Unanswered(sent, closed, started[0]) from e
+        except asyncio.LimitOverrunError as e:
+            raise httpx.RemoteProtocolError("answer head too large") from e
+        except (OSError, EOFError, TimeoutError) as e:
+            raise Unanswered(sent, e, started[0]) from e
+        return status, fields, f.framing(method, version, status, fields)
+
+    # ------------------------------------------------------------ the pool
+
+    async def _checkout(self, t: Timeouts) -> tuple[_Conn, bool]:
+        if self._closed:
+            raise httpx.ConnectError("the client is closed")
+        if self._slots.locked():
+            try:
+                async with asyncio.timeout(t.pool):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise httpx.PoolTimeout("no free connection in the pool") from None
+        else:
+            await self._slots.acquire()  # free: returns without suspending
+        try:
+            now = time.monotonic()
+            while self._idle:
+                conn = self._idle.pop()  # the most recent: least likely to have been closed
+                if conn.usable(now, self.idle_expiry_s):
+                    return conn, True
+                conn.close()
+            return await self._connect(t), False
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def _connect(self, t: Timeouts) -> _Conn:
+        try:
+            async with asyncio.timeout(t.connect):
+                if self.uds is not None:
+                    pair = await asyncio.open_unix_connection(self.uds, limit=f.PIECE)
+                else:  # asyncio sets TCP_NODELAY on TCP sockets
+                    pair = await asyncio.open_connection(
+                        self.host, self.port, ssl=self.tls, limit=f.PIECE
+                    )
+        except TimeoutError as e:
+            raise httpx.ConnectTimeout("connect timed out") from e
+        except OSError as e:
+            raise httpx.ConnectError(str(e) or repr(e)) from e
+        self.opened += 1
+        return _Conn(*pair)
+
+    def _checkin(self, conn: _Conn, keep: bool) -> None:
+        """Give the connection's slot back; keep the connection for reuse if it is clean."""
+        if keep and not self._closed and len(self._idle) < MAX_IDLE:
+            conn.idle_since = time.monotonic()
+            self._idle.append(conn)
+        else:
+            conn.close()
+        self._slots.release()
+
+
+class _Held:
+    """A streamed answer's claim on its connection, given back exactly once."""
+
+    def __init__(self, pool: AsyncPool, conn: _Conn, keep: bool) -> None:
+        self.pool: AsyncPool | None = pool
+        self.conn = conn
+        self.keep = keep
+
+    def release(self, complete: bool) -> None:
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            pool._checkin(self.conn, complete and self.keep)
+
+
+class _Stream(httpx.AsyncByteStream):
+    """A streamed answer's body; the connection is reusable only if it was read to the end."""
+
+    def __init__(self, chunks: AsyncGenerator[bytes, None], held: _Held) -> None:
+        self._chunks = chunks
+        self._held = held
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for piece in self._chunks:
+                yield piece
+        except (OSError, ValueError, EOFError) as e:
+            self._held.release(False)
+            raise _protocol(e) from e
+        except BaseException:
+            self._held.release(False)
+            raise
+        self._held.release(True)
+
+    async def aclose(self) -> None:
+        self._held.release(False)  # a no-op once read to the end
+        with contextlib.suppress(RuntimeError):
+            await self._chunks.aclose()
+
+
+async def _write(
+    writer: asyncio.StreamWriter, head: bytes, body: Body, chunked: bool, started: list[bool]
+) -> None:
+    if body is None or isinstance(body, bytes):
+        writer.write(head + body if body else head)
+    else:
+        writer.write(head)
+        started[0] = True
+        async for piece in body:
+            if piece:
+                writer.write(f.chunk(piece) if chunked else piece)
+                await writer.drain()
+        if chunked:
+            writer.write(f.LAST_CHUNK)
+    await writer.drain()
+
+
+async def _body(
+    reader: asyncio.StreamReader, frame: Framing, read_s: float | None
+) -> AsyncGenerator[bytes, None]:
+    """The answer's body as it arrives; each read may take up to `read_s` (as httpx's read)."""
+    if frame.kind == "length":
+        left = frame.length
+        while left:
+            async with asyncio.timeout(read_s):
+                piece = await reader.read(min(left, f.PIECE))
+            if not piece:
+                raise httpx.RemoteProtocolError(f"answer cut off with {left} bytes to come")
+            left -= len(piece)
+            yield piece
+    elif frame.kind == "chunked":
+        while True:
+            async with asyncio.timeout(read_s):  # never across a yield: it would hit the caller
+                size = f.chunk_size(await reader.readline())
+                if not size:
+                    while not f.trailer_done(await reader.readline()):
+                        pass
+                    return
+                piece = await reader.readexactly(size)
+                f.chunk_end(await reader.readexactly(2))
+            yield piece
+    elif frame.kind == "close":
+        while True:
+            async with asyncio.timeout(read_s):
+                piece = await reader.read(f.PIECE)
+            if not piece:
+                break
+            yield piece
+
+
+def _protocol(exc: BaseException) -> httpx.TransportError:
+    """A failure while reading an answer that has begun, as httpx names it."""
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return httpx.RemoteProtocolError(f"answer cut off: {exc!r}")
+    if isinstance(exc, ValueError):  # a line over the reader's limit
+        return httpx.RemoteProtocolError(f"line too long: {exc}")
+    return f.as_httpx(exc, True)
+
+
+class AsyncLeanTransport(httpx.AsyncBaseTransport):
+    """httpx's async transport seam over an `AsyncPool` (what `AsyncOrchard` sends through).
+
+    Honours the request's `timeout` extension and `orchard.idempotent` (whether a request
+    sent on a connection that died may be sent again; default: by method).
+    """
+
+    def __init__(self, pool: AsyncPool) -> None:
+        self.pool = pool
+
+    @classmethod
+    def to(cls, base_url: str, uds: str | None = None, **kw: Any) -> AsyncLeanTransport:
+        """For a service at `base_url`, or on the Unix socket `uds`."""
+        return cls(AsyncPool(uds=uds, **kw) if uds else AsyncPool.for_url(base_url, **kw))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            body: Body = request.content
+        except httpx.RequestNotRead:
+            assert isinstance(request.stream, httpx.AsyncByteStream)
+            body = request.stream
+        ext = request.extensions
+        response = await self.pool.send(
+            request.method,
+            request.url.raw_path.decode("ascii"),
+            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
+            body=body,
+            framed=True,
+            timeout=httpx.Timeout(**ext["timeout"]) if "timeout" in ext else _DEFAULT,
+            idempotent=ext.get(f.IDEMPOTENT_EXTENSION),
+            stream=None,
+        )
+        response.request = request
+        return response
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
+_DEFAULT = httpx.Timeout(60.0, connect=10.0)
