@@ -1,9 +1,8 @@
 """Transport-free core of the SDK: where to connect, what each call sends, how answers parse.
 
-`Orchard` and `AsyncOrchard` are thin twins over this module (each on its own lean
-keep-alive HTTP/1.1 transport, `_sdk_http` and `_sdk_ahttp`, answering with httpx types):
-every route is described once here as a `Call`, and each client only sends it (with the
-retry policy below) and hands the answer to the call's parser.
+`Orchard` and `AsyncOrchard` are thin twins over this module: every route is described
+once here as a `Call`, and each client only sends it (through its httpx transport, with
+the retry policy below) and hands the answer to the call's parser.
 """
 
 from __future__ import annotations
