@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
@@ -24,6 +25,7 @@ import httpx
 from orchard.env.http11 import framing as f
 from orchard.env.http11.framing import Framing, Unanswered
 
+log = logging.getLogger("orchard.http11")
 # httpx's default connection limit, so switching transports does not change concurrency.
 MAX_CONNECTIONS = 100
 MAX_IDLE = 32
@@ -172,10 +174,16 @@ class AsyncPool:
     ) -> tuple[int, f.Fields, Framing]:
         sent = False
         started = [False]
+        broken: OSError | None = None
         try:
             async with asyncio.timeout(t.write):
                 await _write(conn.writer, head, body, chunked, started)
             sent = True
+        except OSError as e:
+            broken = e  # the server may have answered early (a 413) and stopped reading
+        except TimeoutError as e:
+            raise Unanswered(False, e, started[0]) from e
+        try:
             async with asyncio.timeout(t.read):
                 block = await conn.reader.readuntil(b"\r\n\r\n")
                 while True:
@@ -186,13 +194,16 @@ class AsyncPool:
         except asyncio.IncompleteReadError as e:
             if e.partial:
                 raise httpx.RemoteProtocolError(f"answer cut off: {e.partial[:80]!r}") from e
-            closed = ConnectionResetError("server closed the connection")
+            closed = broken or ConnectionResetError("server closed the connection")
             raise Unanswered(sent, closed, started[0]) from e
         except asyncio.LimitOverrunError as e:
             raise httpx.RemoteProtocolError("answer head too large") from e
         except (OSError, EOFError, TimeoutError) as e:
-            raise Unanswered(sent, e, started[0]) from e
-        return status, fields, f.framing(method, version, status, fields)
+            raise Unanswered(sent, broken or e, started[0]) from e
+        frame = f.framing(method, version, status, fields)
+        if broken is not None:  # answered before the request was all sent: spent
+            frame = frame._replace(keep_alive=False)
+        return status, fields, frame
 
     # ------------------------------------------------------------ the pool
 
@@ -220,20 +231,24 @@ class AsyncPool:
             raise
 
     async def _connect(self, t: Timeouts) -> _Conn:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=f.PIECE, loop=loop)
+        protocol = _Protocol(reader, loop=loop)
         try:
             async with asyncio.timeout(t.connect):
                 if self.uds is not None:
-                    pair = await asyncio.open_unix_connection(self.uds, limit=f.PIECE)
+                    transport, _ = await loop.create_unix_connection(lambda: protocol, self.uds)
                 else:  # asyncio sets TCP_NODELAY on TCP sockets
-                    pair = await asyncio.open_connection(
-                        self.host, self.port, ssl=self.tls, limit=f.PIECE
+                    transport, _ = await loop.create_connection(
+                        lambda: protocol, self.host, self.port, ssl=self.tls
                     )
         except TimeoutError as e:
             raise httpx.ConnectTimeout("connect timed out") from e
         except OSError as e:
             raise httpx.ConnectError(str(e) or repr(e)) from e
         self.opened += 1
-        return _Conn(*pair)
+        log.debug("connection %d to %s opened", self.opened, self.where)
+        return _Conn(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
 
     def _checkin(self, conn: _Conn, keep: bool) -> None:
         """Give the connection's slot back; keep the connection for reuse if it is clean."""
@@ -243,6 +258,15 @@ class AsyncPool:
         else:
             conn.close()
         self._slots.release()
+
+
+class _Protocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol, but a broken connection ends the reader's stream instead of
+    failing it: what the server sent before it (an early answer, e.g. a 413 to a body it
+    stopped reading) stays readable. Writing still fails (`drain` raises)."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(None)
 
 
 class _Held:
@@ -288,17 +312,24 @@ async def _write(
     writer: asyncio.StreamWriter, head: bytes, body: Body, chunked: bool, started: list[bool]
 ) -> None:
     if body is None or isinstance(body, bytes):
-        writer.write(head + body if body else head)
+        _put(writer, head + body if body else head)
     else:
-        writer.write(head)
+        _put(writer, head)
         started[0] = True
         async for piece in body:
             if piece:
-                writer.write(f.chunk(piece) if chunked else piece)
+                _put(writer, f.chunk(piece) if chunked else piece)
                 await writer.drain()
         if chunked:
-            writer.write(f.LAST_CHUNK)
+            _put(writer, f.LAST_CHUNK)
     await writer.drain()
+
+
+def _put(writer: asyncio.StreamWriter, data: bytes) -> None:
+    # A transport the server closed (it answered early) refuses writes under uvloop.
+    if writer.is_closing():
+        raise ConnectionResetError("the server closed the connection")
+    writer.write(data)
 
 
 async def _body(

@@ -13,6 +13,7 @@ failing that, sent again once on a new connection when nothing can have been act
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import socket
 import threading
@@ -26,6 +27,7 @@ import httpx
 from orchard.env.http11 import framing as f
 from orchard.env.http11.framing import Framing, Unanswered
 
+log = logging.getLogger("orchard.http11")
 # Below uvicorn's keep-alive timeout (5 s), so a pooled connection is not reused just as
 # the server closes it.
 IDLE_EXPIRY_S = 4.0
@@ -156,6 +158,7 @@ class Pool:
                 raise httpx.ConnectError(f"cannot resolve {self.host}: {e}") from e
             raise httpx.ConnectError(str(e)) from e
         self.opened += 1
+        log.debug("connection %d to %s opened", self.opened, self.uds or f"{self.host}:{self.port}")
         return _Conn(sock), False
 
     def _release(self, conn: _Conn, keep: bool) -> None:
@@ -172,6 +175,7 @@ class Pool:
     ) -> tuple[int, f.Fields, Framing]:
         sock, rfile = conn.sock, conn.file
         sent = started = False
+        broken: OSError | None = None
         try:
             sock.settimeout(t.write)
             if body is None or isinstance(body, bytes):
@@ -185,18 +189,26 @@ class Pool:
                 if chunked:
                     sock.sendall(f.LAST_CHUNK)
             sent = True
+        except TimeoutError as e:
+            raise Unanswered(False, e, started) from e
+        except OSError as e:
+            broken = e  # the server may have answered early (a 413) and stopped reading
+        try:
             sock.settimeout(t.read)
             block = _head(rfile)
             if not block:
-                raise ConnectionResetError("server closed the connection")
+                raise broken or ConnectionResetError("server closed the connection")
         except OSError as e:
-            raise Unanswered(sent, e, started) from e
+            raise Unanswered(sent, broken or e, started) from e
         while True:
             version, status, fields = f.parse_head(block)
             if not 100 <= status < 200:
                 break
             block = _head(rfile)  # 1xx: the real answer follows
-        return status, fields, f.framing(method, version, status, fields)
+        frame = f.framing(method, version, status, fields)
+        if broken is not None:  # answered before the request was all sent: spent
+            frame = frame._replace(keep_alive=False)
+        return status, fields, frame
 
 
 class _Stream(httpx.SyncByteStream):

@@ -21,13 +21,25 @@ log = logging.getLogger("orchard.api")
 _KEY_IN_QUERY = re.compile(rf"({KEY_QUERY}=)[^&\s\"]*")
 
 
+def _redact(value: object) -> object:
+    if isinstance(value, str) and KEY_QUERY in value:
+        return _KEY_IN_QUERY.sub(r"\1[redacted]", value)
+    return value
+
+
 class RedactKeys(logging.Filter):
-    """Blank `orchard_key=...` in uvicorn's access log: API keys never reach a log line."""
+    """Blank `orchard_key=...` in uvicorn's access log: API keys never reach a log line.
+
+    The message and each argument are redacted in place, so the record keeps its shape
+    (uvicorn's access formatter unpacks its five arguments).
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if KEY_QUERY in message:
-            record.msg, record.args = _KEY_IN_QUERY.sub(r"\1[redacted]", message), ()
+        record.msg = _redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redact(a) for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {k: _redact(v) for k, v in record.args.items()}
         return True
 
 
