@@ -26,7 +26,7 @@ import pytest
 
 from orchard import AsyncOrchard, Orchard
 from orchard.env import _sdk_core as core
-from orchard.env._sdk_base import aiter_body, build_request
+from orchard.env._sdk_base import aiter_body, build_request, send_async
 from orchard.env._sdk_core import RetryPolicy
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import Unavailable
@@ -91,16 +91,7 @@ class ALean:
     async def request(
         self, c: core.Call[Any], timeout: httpx.Timeout, *, stream: bool = False
     ) -> httpx.Response:
-        body = c.body() if c.body else None
-        content = body if body is None or isinstance(body, bytes) else aiter_body(body)
-        request = build_request(self.target, c, timeout, content)
-        response = await self.transport.handle_async_request(request)
-        if not stream:
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
-        return response
+        return await send_async(self.transport, self.target, c, timeout, stream=stream)
 
     async def aclose(self) -> None:
         await self.transport.aclose()

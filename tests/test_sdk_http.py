@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orchard.env import _sdk_core as core
-from orchard.env._sdk_base import build_request
+from orchard.env._sdk_base import build_request, send
 from orchard.env.errors import Unavailable
 from orchard.env.http11 import ClientTransport, LeanTransport, transport_for
 from orchard.env.sdk import Orchard
@@ -90,13 +90,7 @@ class Lean:
         return self.transport.pool._idle  # type: ignore[return-value]
 
     def request(self, c: core.Call[httpx.Response], timeout: httpx.Timeout) -> httpx.Response:
-        request = build_request(self.target, c, timeout, c.body() if c.body else None)
-        response = self.transport.handle_request(request)
-        try:
-            response.read()
-        finally:
-            response.close()
-        return response
+        return send(self.transport, self.target, c, timeout, stream=False)
 
     def close(self) -> None:
         self.transport.close()

@@ -19,7 +19,7 @@ import httpx
 from orchard.env import _sdk_core as core
 from orchard.env import _sdk_sync as sync
 from orchard.env import models as m
-from orchard.env._sdk_base import aiter_body, build_request, connect, port_url
+from orchard.env._sdk_base import connect, port_url, send_async
 from orchard.env._sdk_core import CreateOptions, ExecOptions, FileData, ProcessOptions, RetryPolicy
 from orchard.env._sdk_sync import Egress, Stream
 from orchard.env.errors import NotFound
@@ -107,24 +107,14 @@ class AsyncOrchard:
 
     # ---- sending
 
-    async def _attempt(self, call: core.Call[Any], stream: bool) -> httpx.Response:
-        body = call.body() if call.body else None  # once per attempt: a fresh source
-        content = body if body is None or isinstance(body, bytes) else aiter_body(body)
-        request = build_request(self.target, call, self._timeout, content)
-        response = await self._transport.handle_async_request(request)
-        if not stream:
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
-        return response
-
     async def _request(self, call: core.Call[Any], *, stream: bool) -> httpx.Response:
         attempt = 0
         while True:
             attempt += 1
             try:
-                response = await self._attempt(call, stream)
+                response = await send_async(
+                    self._transport, self.target, call, self._timeout, stream=stream
+                )
             except httpx.TransportError as exc:
                 if self._retry.should_retry_error(exc, call.idempotent, attempt):
                     await asyncio.sleep(self._retry.delay(attempt))

@@ -89,6 +89,45 @@ def build_request(
     )
 
 
+def send(
+    transport: httpx.BaseTransport,
+    target: Target,
+    call: core.Call[Any],
+    timeout: httpx.Timeout,
+    *,
+    stream: bool,
+) -> httpx.Response:
+    """One attempt of `call` over a sync transport; the answer read whole unless `stream`."""
+    body = call.body() if call.body else None  # once per attempt: a fresh source
+    response = transport.handle_request(build_request(target, call, timeout, body))
+    if not stream:
+        try:
+            response.read()
+        finally:
+            response.close()
+    return response
+
+
+async def send_async(
+    transport: httpx.AsyncBaseTransport,
+    target: Target,
+    call: core.Call[Any],
+    timeout: httpx.Timeout,
+    *,
+    stream: bool,
+) -> httpx.Response:
+    """One attempt of `call` over an async transport (a blocking body read in a thread)."""
+    body = call.body() if call.body else None
+    content = body if body is None or isinstance(body, bytes) else aiter_body(body)
+    response = await transport.handle_async_request(build_request(target, call, timeout, content))
+    if not stream:
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+    return response
+
+
 async def aiter_body(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
     """Read a (blocking, disk-backed) body in a worker thread, coalesced into big pieces."""
     it = core.coalesce(chunks)

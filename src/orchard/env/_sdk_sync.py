@@ -16,7 +16,7 @@ import httpx
 
 from orchard.env import _sdk_core as core
 from orchard.env import models as m
-from orchard.env._sdk_base import build_request, connect, port_url
+from orchard.env._sdk_base import connect, port_url, send
 from orchard.env._sdk_core import CreateOptions, ExecOptions, FileData, ProcessOptions, RetryPolicy
 from orchard.env.errors import NotFound
 from orchard.env.http11 import transport_for
@@ -92,24 +92,12 @@ class Orchard:
 
     # ---- sending
 
-    def _attempt(self, call: core.Call[Any], stream: bool) -> httpx.Response:
-        request = build_request(
-            self.target, call, self._timeout, call.body() if call.body else None
-        )
-        response = self._transport.handle_request(request)
-        if not stream:
-            try:
-                response.read()
-            finally:
-                response.close()
-        return response
-
     def _request(self, call: core.Call[Any], *, stream: bool) -> httpx.Response:
         attempt = 0
         while True:
             attempt += 1
             try:
-                response = self._attempt(call, stream)
+                response = send(self._transport, self.target, call, self._timeout, stream=stream)
             except httpx.TransportError as exc:
                 if self._retry.should_retry_error(exc, call.idempotent, attempt):
                     time.sleep(self._retry.delay(attempt))

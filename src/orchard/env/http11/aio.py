@@ -395,15 +395,15 @@ class AsyncLeanTransport(httpx.AsyncBaseTransport):
         except httpx.RequestNotRead:
             assert isinstance(request.stream, httpx.AsyncByteStream)
             body = request.stream
-        ext = request.extensions
+        p = f.parts_of(request)
         response = await self.pool.send(
-            request.method,
-            request.url.raw_path.decode("ascii"),
-            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
+            p.method,
+            p.target,
+            headers=p.headers,
             body=body,
             framed=True,
-            timeout=httpx.Timeout(**ext["timeout"]) if "timeout" in ext else _DEFAULT,
-            idempotent=ext.get(f.IDEMPOTENT_EXTENSION),
+            timeout=p.timeout,
+            idempotent=p.idempotent,
             stream=None,
         )
         response.request = request
@@ -411,6 +411,3 @@ class AsyncLeanTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.pool.aclose()
-
-
-_DEFAULT = httpx.Timeout(60.0, connect=10.0)

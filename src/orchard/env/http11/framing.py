@@ -174,6 +174,31 @@ def is_idempotent(method: str, override: object = None) -> bool:
     return bool(override) if isinstance(override, bool) else method in IDEMPOTENT
 
 
+class Parts(NamedTuple):
+    """An httpx.Request as a pool sends it."""
+
+    method: str
+    target: str
+    headers: Fields
+    timeout: httpx.Timeout
+    idempotent: bool | None
+
+
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+
+
+def parts_of(request: httpx.Request) -> Parts:
+    """Method, encoded target, headers (they frame the body), timeouts and idempotency."""
+    ext = request.extensions
+    return Parts(
+        request.method,
+        request.url.raw_path.decode("ascii"),
+        [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
+        httpx.Timeout(**ext["timeout"]) if "timeout" in ext else DEFAULT_TIMEOUT,
+        ext.get(IDEMPOTENT_EXTENSION),
+    )
+
+
 def as_httpx(exc: BaseException, sent: bool) -> httpx.TransportError:
     """The httpx exception for an I/O failure, so the retry rules above apply unchanged."""
     if isinstance(exc, httpx.TransportError):

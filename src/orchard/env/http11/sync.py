@@ -314,20 +314,17 @@ class LeanTransport(httpx.BaseTransport):
         except httpx.RequestNotRead:
             assert isinstance(request.stream, httpx.SyncByteStream)
             body = request.stream
-        ext = request.extensions
+        p = f.parts_of(request)
         response = self.pool.send(
-            request.method,
-            request.url.raw_path.decode("ascii"),
-            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
+            p.method,
+            p.target,
+            headers=p.headers,
             body=body,
-            timeout=httpx.Timeout(**ext["timeout"]) if "timeout" in ext else _DEFAULT,
-            idempotent=ext.get(f.IDEMPOTENT_EXTENSION),
+            timeout=p.timeout,
+            idempotent=p.idempotent,
         )
         response.request = request
         return response
 
     def close(self) -> None:
         self.pool.close()
-
-
-_DEFAULT = httpx.Timeout(60.0, connect=10.0)

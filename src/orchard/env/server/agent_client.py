@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import urlencode
 
 import httpx
@@ -45,6 +45,18 @@ Content = bytes | AsyncIterable[bytes]
 # Query strings as a proxy receives them: raw, or multi-valued pairs via httpx.QueryParams.
 Params = httpx.QueryParams | Mapping[str, Any] | str | None
 Headers = Mapping[str, str] | Sequence[tuple[str, str]] | None
+
+
+class Options(TypedDict, total=False):
+    """What a request may carry besides its method and path (see `AgentClient.send`)."""
+
+    params: Params
+    headers: Headers
+    content: Content | None
+    json: Any
+    length: int | None
+    timeout: httpx.Timeout | None
+
 
 # The agent closes a connection whose next request does not arrive within 30 s (its
 # ReadHeaderTimeout), so an idle connection is dropped well before that.
@@ -169,105 +181,61 @@ class AgentClient:
     # ------------------------------------------------------------ the generic path
 
     async def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Params = None,
-        headers: Headers = None,
-        content: Content | None = None,
-        json: Any = None,
-        length: int | None = None,
-        timeout: httpx.Timeout | None = None,
-        stream: bool = False,
+        self, method: str, path: str, *, stream: bool = False, **opts: Unpack[Options]
     ) -> httpx.Response:
         """Send a request as given; the agent's answer comes back as it is (errors included).
 
         :param method: the HTTP method
         :param path: the agent route (already encoded), e.g. `/exec`
-        :param params: the query: a mapping, multi-valued `httpx.QueryParams`, or a string
-        :param headers: passed on, but for hop-by-hop ones and the caller's credentials
-            (the agent sees only its own token)
-        :param content: the body: bytes, or an async stream (then `length`, if known, goes as
-            Content-Length, else it is chunked)
-        :param json: or a JSON body: a pydantic model or plain data
-        :param timeout: default: this client's
+        :param opts: `params` (the query: a mapping, multi-valued `httpx.QueryParams`, or a
+            string); `headers` (passed on, but for hop-by-hop ones and the caller's
+            credentials: the agent sees only its own token); `content` (bytes, or an async
+            stream: then `length`, if known, goes as Content-Length, else it is chunked) or
+            `json` (a pydantic model or plain data); `timeout` (default: this client's)
         :param stream: leave the body unread (then `aclose()` the response)
         :return: the agent's answer; only a failure to reach it raises (AgentUnavailable)
         """
-        sent: list[tuple[str, str]] = _kept(headers)
-        if json is not None:
-            content = _json_bytes(json)
+        sent: list[tuple[str, str]] = _kept(opts.get("headers"))
+        content = opts.get("content")
+        if (body := opts.get("json")) is not None:
+            content = _json_bytes(body)
             sent.append(("Content-Type", "application/json"))
-        query = _query(params)
+        query = _query(opts.get("params"))
         try:
             return await self._pool.send(
                 method,
                 path + ("?" + query if query else ""),
                 headers=sent,
                 body=content,
-                length=length,
-                timeout=timeout or self._timeout,
+                length=opts.get("length"),
+                timeout=opts.get("timeout") or self._timeout,
                 stream=stream,
             )
         except httpx.TransportError as e:
             raise self._unavailable(e) from e
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Params = None,
-        headers: Headers = None,
-        content: Content | None = None,
-        json: Any = None,
-        timeout: httpx.Timeout | None = None,
-    ) -> httpx.Response:
+    async def request(self, method: str, path: str, **opts: Unpack[Options]) -> httpx.Response:
         """As `send`, read whole; an error answer raises as its typed error.
 
         :return: the agent's (successful) answer
         """
-        resp = await self.send(
-            method,
-            path,
-            params=params,
-            headers=headers,
-            content=content,
-            json=json,
-            timeout=timeout,
-        )
+        resp = await self.send(method, path, **opts)
         if resp.status_code >= 400:
             raise error_of(resp.status_code, resp.content)
         return resp
 
     @asynccontextmanager
     async def stream(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Params = None,
-        headers: Headers = None,
-        content: Content | None = None,
-        json: Any = None,
-        timeout: httpx.Timeout | None = None,
+        self, method: str, path: str, **opts: Unpack[Options]
     ) -> AsyncIterator[httpx.Response]:
         """As `send`, with the body read as the caller iterates (`resp.aiter_raw()`).
 
         No read timeout unless `timeout` says otherwise: streams may stay quiet for long.
         A failure while reading raises AgentUnavailable.
         """
-        resp = await self.send(
-            method,
-            path,
-            params=params,
-            headers=headers,
-            content=content,
-            json=json,
-            timeout=timeout or STREAMING,
-            stream=True,
-        )
+        if not opts.get("timeout"):
+            opts["timeout"] = STREAMING
+        resp = await self.send(method, path, stream=True, **opts)
         try:
             yield resp
         except httpx.TransportError as e:
