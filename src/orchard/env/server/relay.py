@@ -9,7 +9,7 @@ becomes the service's typed error; an unreachable agent is explained by the serv
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote
 
 import anyio
@@ -18,7 +18,7 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from orchard.env.errors import AgentUnavailable, NotFound, TooLarge
-from orchard.env.server.agent_client import STREAMING, error_of
+from orchard.env.server.agent_client import STREAMING, Options, error_of
 from orchard.env.server.service import SandboxService
 from orchard.env.wire import NOT_FORWARDED
 
@@ -30,6 +30,24 @@ UNBOUNDED = httpx.Timeout(None, connect=10.0)
 def json_body(model: Any) -> bytes:
     data: bytes = model.model_dump_json(exclude_none=True).encode()
     return data
+
+
+async def _send(
+    svc: SandboxService,
+    owner: str,
+    sid: str,
+    method: str,
+    path: str,
+    *,
+    stream: bool = False,
+    **opts: Unpack[Options],
+) -> httpx.Response:
+    """The agent's answer; an unreachable agent is explained by the service (410 or 503)."""
+    agent = await svc.agent(owner, sid)
+    try:
+        return await agent.send(method, path, stream=stream, **opts)
+    except AgentUnavailable as e:
+        raise await svc.agent_failed(owner, sid, e) from e
 
 
 async def forward(
@@ -48,10 +66,12 @@ async def forward(
     """One agent call whose JSON answer is passed through as is (agent errors become ours).
 
     `length` is a streamed body's exact size, passed on as Content-Length (not chunked)."""
-    agent = await svc.agent(owner, sid)
     headers = [("Content-Type", content_type)] if content_type and content is not None else None
     try:
-        resp = await agent.send(
+        resp = await _send(
+            svc,
+            owner,
+            sid,
             method,
             path,
             params=params,
@@ -60,8 +80,6 @@ async def forward(
             timeout=timeout,
             length=length,
         )
-    except AgentUnavailable as e:
-        raise await svc.agent_failed(owner, sid, e) from e
     finally:
         svc.touch(sid)
     status = resp.status_code
@@ -90,19 +108,18 @@ async def stream(
     passthrough_errors: bool = False,
 ) -> StreamingResponse:
     """Open an agent stream and relay it; the upstream closes when the client goes away."""
-    agent = await svc.agent(owner, sid)
-    try:
-        resp = await agent.send(
-            method,
-            path,
-            params=params,
-            headers=headers,
-            content=content,
-            timeout=STREAMING,
-            stream=True,
-        )
-    except AgentUnavailable as e:
-        raise await svc.agent_failed(owner, sid, e) from e
+    resp = await _send(
+        svc,
+        owner,
+        sid,
+        method,
+        path,
+        stream=True,
+        params=params,
+        headers=headers,
+        content=content,
+        timeout=STREAMING,
+    )
     if resp.status_code >= 400 and not passthrough_errors:
         try:
             raw = await resp.aread()
