@@ -3,6 +3,9 @@
 `Orchard` and `AsyncOrchard` are thin twins over this module: every route is described
 once here as a `Call`, and each client only sends it (through its httpx transport, with
 the retry policy below) and hands the answer to the call's parser.
+
+Over 500 lines on purpose: one short description per REST route, all in one place, so
+what the SDK sends can be read (and checked against docs/rest-api.md) in one file.
 """
 
 from __future__ import annotations
