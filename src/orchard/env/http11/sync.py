@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from orchard.env.http11 import framing as f
+import orchard.env.http11.framing as f
 from orchard.env.http11.framing import Framing, Unanswered
 
 log = logging.getLogger("orchard.http11")

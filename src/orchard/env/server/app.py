@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from orchard import __version__
+from orchard._version import __version__
 from orchard.env.backends import Backend, make_backend
 from orchard.env.config import ServiceConfig
 from orchard.env.server.errors import install_error_handlers

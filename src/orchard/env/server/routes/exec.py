@@ -15,8 +15,8 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import HTTPConnection
 
 from orchard.env.models import ExecRequest, ExecResult
-from orchard.env.server import relay
 from orchard.env.server.auth import Owner, Svc, authorize, service_of
+from orchard.env.server.relay import forward, json_body, read_timeout, stream
 from orchard.env.server.routes._common import ERRORS, NDJSON, SB
 from orchard.env.server.service import SandboxService
 
@@ -45,14 +45,14 @@ async def run_exec(sandbox_id: str, body: ExecRequest, owner: str, svc: SandboxS
     """Forward one exec to the sandbox's agent, its latency recorded."""
     t0 = time.perf_counter()
     try:
-        return await relay.forward(
+        return await forward(
             svc,
             owner,
             sandbox_id,
             "POST",
             "/exec",
-            content=relay.json_body(body),
-            timeout=relay.read_timeout(body.timeout_s),
+            content=json_body(body),
+            timeout=read_timeout(body.timeout_s),
         )
     finally:
         svc.metrics.exec_latency.observe(time.perf_counter() - t0)
@@ -67,12 +67,12 @@ async def exec_command(sandbox_id: str, body: ExecRequest, owner: Owner, svc: Sv
 async def exec_stream(
     sandbox_id: str, body: ExecRequest, owner: Owner, svc: Svc
 ) -> StreamingResponse:
-    return await relay.stream(
+    return await stream(
         svc,
         owner,
         sandbox_id,
         "POST",
         "/exec/stream",
         headers=[("Content-Type", "application/json")],
-        content=relay.json_body(body),
+        content=json_body(body),
     )

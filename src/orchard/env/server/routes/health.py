@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from orchard import __version__
+from orchard._version import __version__
 from orchard.env.models import Health
 from orchard.env.server.auth import Svc
 from orchard.env.server.routes._common import ERRORS
