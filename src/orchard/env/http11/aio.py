@@ -135,7 +135,6 @@ class AsyncPool:
         else:
             chunked = size < 0
             head = f.request_head(method, target, [*self.headers, *headers], body=size)
-        replayable = body is None or isinstance(body, bytes)
         idem = f.is_idempotent(method, idempotent)
         retried = False
         while True:
@@ -151,9 +150,7 @@ class AsyncPool:
                 content = b"".join([c async for c in chunks])
             except Unanswered as e:
                 self._checkin(conn, False)
-                if f.may_retry(e, reused=reused, retried=retried, idempotent=idem) and (
-                    replayable or not e.started
-                ):
+                if f.may_retry(e, reused=reused, retried=retried, idempotent=idem):
                     retried = True  # a stale pooled connection: once more, on a new one
                     continue
                 raise f.as_httpx(e.cause, e.sent) from e.cause

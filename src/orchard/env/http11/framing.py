@@ -10,6 +10,7 @@ retry policy and the agent client's error mapping apply unchanged.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
@@ -26,6 +27,7 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 # The request extension by which a caller overrides IDEMPOTENT for one request.
 IDEMPOTENT_EXTENSION = "orchard.idempotent"
 _NO_BODY_STATUS = frozenset({204, 304})
+_UNSAFE = re.compile(r"[\x00-\x20\x7f]")  # never in an encoded request target
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 
 Fields = list[tuple[str, str]]
@@ -77,7 +79,7 @@ def request_head(
     `body`: the size of a body whose headers the caller did not give (Content-Length, 0 for
     a POST without one); -1 for a chunked body; None when `headers` already frame it.
     """
-    if not target.startswith("/") or any(c <= " " or c == "\x7f" for c in target):
+    if not target.startswith("/") or _UNSAFE.search(target):
         raise ValueError(f"request target must be an encoded path, got {target!r}")
     lines = [f"{method} {remove_dot_segments(target)} HTTP/1.1\r\n"]
     for name, value in headers:
@@ -129,7 +131,7 @@ def framing(method: str, version: str, status: int, fields: Fields) -> Framing:
 
 def streams(frame: Framing) -> bool:
     """Whether an answer is left to the caller to read as it arrives, not read whole now."""
-    return frame.kind != "length" or frame.length > EAGER_MAX
+    return frame.kind in ("chunked", "close") or frame.length > EAGER_MAX
 
 
 def content_length(value: str) -> int:

@@ -96,7 +96,6 @@ class Pool:
         """
         chunked = any(k.lower() == "transfer-encoding" for k, _ in headers)
         head = f.request_head(method, target, headers)
-        replayable = body is None or isinstance(body, bytes)
         idem = f.is_idempotent(method, idempotent)
         retried = False
         while True:
@@ -109,9 +108,7 @@ class Pool:
                 content = _exactly(conn.file, frame.length) if frame.kind == "length" else b""
             except Unanswered as e:
                 conn.close()
-                if f.may_retry(e, reused=reused, retried=retried, idempotent=idem) and (
-                    replayable or not e.started
-                ):
+                if f.may_retry(e, reused=reused, retried=retried, idempotent=idem):
                     retried = True  # a stale pooled connection: once more, on a new one
                     continue
                 raise f.as_httpx(e.cause, e.sent) from e.cause
