@@ -31,6 +31,8 @@ _UNSAFE = re.compile(r"[\x00-\x20\x7f]")  # never in an encoded request target
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 
 Fields = list[tuple[str, str]]
+# An answer's header fields as they came (httpx takes them as bytes, without re-encoding).
+RawFields = list[tuple[bytes, bytes]]
 Kind = Literal["none", "length", "chunked", "close"]
 
 
@@ -40,6 +42,18 @@ class Framing(NamedTuple):
     kind: Kind
     length: int
     keep_alive: bool
+
+
+class Answer(NamedTuple):
+    """A whole answer, as it came: status, header fields (bytes) and body."""
+
+    status: int
+    headers: RawFields
+    content: bytes
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of a header (`name` in lower case)."""
+        return next((v for k, v in self.headers if k.lower() == name), None)
 
 
 class Unanswered(Exception):
@@ -71,30 +85,41 @@ def remove_dot_segments(target: str) -> str:
     return "/" + "/".join(out) + sep + query
 
 
+def header_lines(headers: Iterable[tuple[str, str]]) -> str:
+    """Header fields as lines of a head; a line break in a name or value is refused."""
+    lines = []
+    for name, value in headers:
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+            raise ValueError(f"header {name!r} holds a line break")
+        lines.append(f"{name}: {value}\r\n")
+    return "".join(lines)
+
+
 def request_head(
-    method: str, target: str, headers: Iterable[tuple[str, str]], *, body: int | None = None
+    method: str,
+    target: str,
+    headers: Iterable[tuple[str, str]],
+    *,
+    body: int | None = None,
+    fixed: str = "",
 ) -> bytes:
     """A request's head up to its body. `target` is an encoded path (and query).
 
+    `fixed`: header lines every request of a pool carries (`header_lines`, made once).
     `body`: the size of a body whose headers the caller did not give (Content-Length, 0 for
     a POST without one); -1 for a chunked body; None when `headers` already frame it.
     """
     if not target.startswith("/") or _UNSAFE.search(target):
         raise ValueError(f"request target must be an encoded path, got {target!r}")
-    lines = [f"{method} {remove_dot_segments(target)} HTTP/1.1\r\n"]
-    for name, value in headers:
-        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-            raise ValueError(f"header {name!r} holds a line break")
-        lines.append(f"{name}: {value}\r\n")
+    text = f"{method} {remove_dot_segments(target)} HTTP/1.1\r\n{fixed}{header_lines(headers)}"
     if body is not None and body >= 0 and (body or method in _WITH_BODY):
-        lines.append(f"Content-Length: {body}\r\n")
+        text += f"Content-Length: {body}\r\n"
     elif body is not None and body < 0:
-        lines.append("Transfer-Encoding: chunked\r\n")
-    lines.append("\r\n")
-    return "".join(lines).encode("latin-1")
+        text += "Transfer-Encoding: chunked\r\n"
+    return (text + "\r\n").encode("latin-1")
 
 
-def parse_head(block: bytes) -> tuple[str, int, Fields]:
+def parse_head(block: bytes) -> tuple[bytes, int, RawFields]:
     """An answer's head (status line, fields, through the blank line) -> version, status, fields."""
     if len(block) > MAX_HEAD:
         raise httpx.RemoteProtocolError("answer head too large")
@@ -102,30 +127,30 @@ def parse_head(block: bytes) -> tuple[str, int, Fields]:
     parts = status_line.split(None, 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
         raise httpx.RemoteProtocolError(f"bad status line {status_line[:80]!r}")
-    fields: Fields = []
+    fields: RawFields = []
     for raw in rest.split(b"\r\n"):
         if not raw:
             continue
         name, sep, value = raw.partition(b":")
         if not sep or not name or name != name.strip():
             raise httpx.RemoteProtocolError(f"bad header line {raw[:80]!r}")
-        fields.append((name.decode("latin-1"), value.strip().decode("latin-1")))
-    return parts[0].decode("ascii"), int(parts[1]), fields
+        fields.append((name, value.strip()))
+    return parts[0], int(parts[1]), fields
 
 
-def framing(method: str, version: str, status: int, fields: Fields) -> Framing:
+def framing(method: str, version: bytes, status: int, fields: RawFields) -> Framing:
     """How the answer's body is delimited, and whether the connection stays open after it."""
-    names: dict[str, str] = {}
+    names: dict[bytes, bytes] = {}
     for k, v in fields:
         key = k.lower()
-        names[key] = f"{names[key]}, {v}" if key in names else v
-    keep = version == "HTTP/1.1" and "close" not in names.get("connection", "").lower()
+        names[key] = names[key] + b", " + v if key in names else v
+    keep = version == b"HTTP/1.1" and b"close" not in names.get(b"connection", b"").lower()
     if method == "HEAD" or status in _NO_BODY_STATUS:
         return Framing("none", 0, keep)
-    if "chunked" in names.get("transfer-encoding", "").lower():
+    if b"chunked" in names.get(b"transfer-encoding", b"").lower():
         return Framing("chunked", 0, keep)
-    if "content-length" in names:
-        return Framing("length", content_length(names["content-length"]), keep)
+    if b"content-length" in names:
+        return Framing("length", content_length(names[b"content-length"]), keep)
     return Framing("close", 0, False)
 
 
@@ -134,9 +159,9 @@ def streams(frame: Framing) -> bool:
     return frame.kind in ("chunked", "close") or frame.length > EAGER_MAX
 
 
-def content_length(value: str) -> int:
+def content_length(value: bytes) -> int:
     """Repeated identical values arrive joined ("5, 5"); differing ones are an error."""
-    values = {v.strip() for v in value.split(",")}
+    values = {v.strip() for v in value.split(b",")}
     if len(values) != 1 or not (v := values.pop()).isdigit():
         raise httpx.RemoteProtocolError(f"bad Content-Length {value!r}")
     return int(v)

@@ -169,7 +169,7 @@ class Pool:
 
     def _exchange(
         self, conn: _Conn, method: str, head: bytes, body: Body, chunked: bool, t: httpx.Timeout
-    ) -> tuple[int, f.Fields, Framing]:
+    ) -> tuple[int, f.RawFields, Framing]:
         sock, rfile = conn.sock, conn.file
         sent = started = False
         broken: OSError | None = None

@@ -39,6 +39,8 @@ from orchard.env.errors import (
     error_from_response,
 )
 from orchard.env.http11 import AsyncPool
+from orchard.env.http11.aio import Request
+from orchard.env.http11.framing import Answer
 from orchard.env.wire import NOT_FORWARDED
 
 Content = bytes | AsyncIterable[bytes]
@@ -195,24 +197,34 @@ class AgentClient:
         :param stream: leave the body unread (then `aclose()` the response)
         :return: the agent's answer; only a failure to reach it raises (AgentUnavailable)
         """
-        sent: list[tuple[str, str]] = _kept(opts.get("headers"))
+        target, request = self._request(path, opts)
+        try:
+            return await self._pool.send(method, target, stream=stream, **request)
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
+
+    async def call(self, method: str, path: str, **opts: Unpack[Options]) -> Answer:
+        """As `send`, the answer read whole into a plain `Answer` (status, raw headers,
+        content): the relay's hot path, which passes the bytes on as they are."""
+        target, request = self._request(path, opts)
+        try:
+            return await self._pool.answer(method, target, **request)
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
+
+    def _request(self, path: str, opts: Options) -> tuple[str, Request]:
+        headers = _kept(opts.get("headers"))
         content = opts.get("content")
         if (body := opts.get("json")) is not None:
             content = _json_bytes(body)
-            sent.append(("Content-Type", "application/json"))
+            headers.append(("Content-Type", "application/json"))
         query = _query(opts.get("params"))
-        try:
-            return await self._pool.send(
-                method,
-                path + ("?" + query if query else ""),
-                headers=sent,
-                body=content,
-                length=opts.get("length"),
-                timeout=opts.get("timeout") or self._timeout,
-                stream=stream,
-            )
-        except httpx.TransportError as e:
-            raise self._unavailable(e) from e
+        return path + ("?" + query if query else ""), {
+            "headers": headers,
+            "body": content,
+            "length": opts.get("length"),
+            "timeout": opts.get("timeout") or self._timeout,
+        }
 
     async def request(self, method: str, path: str, **opts: Unpack[Options]) -> httpx.Response:
         """As `send`, read whole; an error answer raises as its typed error.

@@ -8,8 +8,8 @@ becomes the service's typed error; an unreachable agent is explained by the serv
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
-from typing import Any, Unpack
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import anyio
@@ -18,10 +18,11 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from orchard.env.errors import AgentUnavailable, NotFound, TooLarge
-from orchard.env.server.agent_client import STREAMING, Options, error_of
+from orchard.env.server.agent_client import STREAMING, AgentClient, Options, error_of
 from orchard.env.server.service import SandboxService
 from orchard.env.wire import NOT_FORWARDED
 
+T = TypeVar("T")
 # Quick agent routes get a bounded wait; exec/wait/streams/uploads bound themselves.
 QUICK = httpx.Timeout(60.0, connect=10.0)
 UNBOUNDED = httpx.Timeout(None, connect=10.0)
@@ -32,20 +33,14 @@ def json_body(model: Any) -> bytes:
     return data
 
 
-async def _send(
-    svc: SandboxService,
-    owner: str,
-    sid: str,
-    method: str,
-    path: str,
-    *,
-    stream: bool = False,
-    **opts: Unpack[Options],
-) -> httpx.Response:
-    """The agent's answer; an unreachable agent is explained by the service (410 or 503)."""
+async def _on_agent(
+    svc: SandboxService, owner: str, sid: str, call: Callable[[AgentClient], Awaitable[T]]
+) -> T:
+    """`call` on the sandbox's agent; an unreachable agent is explained by the service
+    (the sandbox exited: 410, or is unreachable: 503)."""
     agent = await svc.agent(owner, sid)
     try:
-        return await agent.send(method, path, stream=stream, **opts)
+        return await call(agent)
     except AgentUnavailable as e:
         raise await svc.agent_failed(owner, sid, e) from e
 
@@ -67,28 +62,24 @@ async def forward(
 
     `length` is a streamed body's exact size, passed on as Content-Length (not chunked)."""
     headers = [("Content-Type", content_type)] if content_type and content is not None else None
+    opts: Options = {
+        "params": params,
+        "headers": headers,
+        "content": content,
+        "timeout": timeout,
+        "length": length,
+    }
     try:
-        resp = await _send(
-            svc,
-            owner,
-            sid,
-            method,
-            path,
-            params=params,
-            headers=headers,
-            content=content,
-            timeout=timeout,
-            length=length,
-        )
+        answer = await _on_agent(svc, owner, sid, lambda a: a.call(method, path, **opts))
     finally:
         svc.touch(sid)
-    status = resp.status_code
-    if status >= 400:
-        raise error_of(status, resp.content)
-    if status == 204:
+    if answer.status >= 400:
+        raise error_of(answer.status, answer.content)
+    if answer.status == 204:
         return Response(status_code=204)
-    ctype = resp.headers.get("content-type") or "application/json"
-    return Response(resp.content, status_code=status, media_type=ctype)
+    ctype = answer.header(b"content-type")
+    media = ctype.decode("latin-1") if ctype else "application/json"
+    return Response(answer.content, status_code=answer.status, media_type=media)
 
 
 def filtered(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -108,18 +99,8 @@ async def stream(
     passthrough_errors: bool = False,
 ) -> StreamingResponse:
     """Open an agent stream and relay it; the upstream closes when the client goes away."""
-    resp = await _send(
-        svc,
-        owner,
-        sid,
-        method,
-        path,
-        stream=True,
-        params=params,
-        headers=headers,
-        content=content,
-        timeout=STREAMING,
-    )
+    opts: Options = {"params": params, "headers": headers, "content": content, "timeout": STREAMING}
+    resp = await _on_agent(svc, owner, sid, lambda a: a.send(method, path, stream=True, **opts))
     if resp.status_code >= 400 and not passthrough_errors:
         try:
             raw = await resp.aread()
