@@ -128,10 +128,18 @@ func (a *agent) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if !api.RequireMethod(w, r, http.MethodGet, http.MethodHead) {
 		return
 	}
-	api.WriteJSON(w, http.StatusOK, map[string]any{
-		"status": "ok", "version": version, "pid": os.Getpid(),
-		"uptime_s": time.Since(a.started).Seconds(),
+	api.WriteJSON(w, http.StatusOK, health{
+		Status: "ok", Version: version, PID: os.Getpid(),
+		UptimeS: time.Since(a.started).Seconds(),
 	})
+}
+
+// health is the open GET /health answer (models.AgentHealth).
+type health struct {
+	Status  string  `json:"status"`
+	Version string  `json:"version"`
+	UptimeS float64 `json:"uptime_s"`
+	PID     int     `json:"pid"`
 }
 
 // requireToken lets only GET /health through without the bearer token.

@@ -37,6 +37,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
+# `dev` pulls in every extra: `server` (the service: FastAPI, uvicorn, aiodocker, ...), the
+# families', training, kubernetes and bench. A plain `pip install orchard` is the SDK and
+# the CLI client only.
 if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
   echo "setup: installing orchard[dev] into .venv"
   .venv/bin/pip install -q --upgrade pip

@@ -1,6 +1,7 @@
-"""AgentClient against the real agent binary run as a host process on a temp Unix socket.
+"""AgentClient (with the tests' typed routes) against the real agent run as a host process.
 
-Fast (no Docker): error mapping, streaming iteration, large file streaming, verbatim forwarding.
+Fast (no Docker): error mapping, streaming iteration, large file streaming, verbatim forwarding
+(`send`, the generic path the service relays through).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from orchard.env.agent_client import AgentClient, locate_agent_binary
 from orchard.env.backends.base import AgentEndpoint
+from orchard.env.backends.factories import locate_agent_binary
 from orchard.env.errors import (
     AgentUnavailable,
     BadRequest,
@@ -32,13 +33,14 @@ from orchard.env.errors import (
     Unauthorized,
     Unavailable,
 )
+from tests.agent_routes import TypedAgent
 from tests.conftest import HostAgent
 
 pytestmark = pytest.mark.anyio
 
 
-def client_for(agent: HostAgent, token: str | None = None) -> AgentClient:
-    return AgentClient(socket_path=agent.socket_path, token=token or agent.token)
+def client_for(agent: HostAgent, token: str | None = None) -> TypedAgent:
+    return TypedAgent(socket_path=agent.socket_path, token=token or agent.token)
 
 
 def tar_bytes(files: dict[str, bytes]) -> bytes:
@@ -58,7 +60,7 @@ async def test_wait_ready_polls_until_the_agent_starts(
     agent_binary: Path, tmp_state_dir: Path
 ) -> None:
     sock = tmp_state_dir / "late.sock"
-    async with AgentClient(socket_path=sock, token="t") as agent:
+    async with TypedAgent(socket_path=sock, token="t") as agent:
 
         async def start_late() -> subprocess.Popen[bytes]:
             await asyncio.sleep(0.3)
@@ -78,7 +80,7 @@ async def test_wait_ready_polls_until_the_agent_starts(
 
 
 async def test_wait_ready_times_out_with_agent_unavailable(tmp_state_dir: Path) -> None:
-    async with AgentClient(socket_path=tmp_state_dir / "nobody.sock", token="t") as agent:
+    async with TypedAgent(socket_path=tmp_state_dir / "nobody.sock", token="t") as agent:
         loop = asyncio.get_running_loop()
         start = loop.time()
         with pytest.raises(AgentUnavailable) as info:
@@ -141,7 +143,7 @@ async def test_wrong_token_is_unauthorized_but_health_is_open(host_agent: HostAg
         with pytest.raises(Unauthorized) as info:
             await agent.exec("true")
         assert info.value.status == 401
-    async with AgentClient(socket_path=host_agent.socket_path) as anonymous:
+    async with TypedAgent(socket_path=host_agent.socket_path) as anonymous:
         with pytest.raises(Unauthorized):
             await anonymous.list_processes()
 
@@ -157,8 +159,8 @@ async def test_dead_agent_is_agent_unavailable(host_agent: HostAgent) -> None:
 
 async def test_proxy_without_listener(host_agent: HostAgent) -> None:
     async with client_for(host_agent) as agent:
-        # forward passes the agent's answer through untouched ...
-        resp = await agent.forward("GET", "/proxy/1/anything")
+        # send passes the agent's answer through untouched ...
+        resp = await agent.send("GET", "/proxy/1/anything")
         assert resp.status_code == 502
         assert resp.json()["error"]["code"] == "bad_gateway"
         # ... while the typed path raises a retryable error keeping the agent's code.
@@ -347,7 +349,7 @@ async def test_file_operations_and_tar_round_trip(host_agent: HostAgent) -> None
 async def test_forward_passes_requests_verbatim(host_agent: HostAgent) -> None:
     async with client_for(host_agent) as agent:
         target = str(host_agent.state_dir / "fwd.txt")
-        resp = await agent.forward(
+        resp = await agent.send(
             "PUT",
             "/files",
             params={"path": target},
@@ -355,12 +357,12 @@ async def test_forward_passes_requests_verbatim(host_agent: HostAgent) -> None:
             content=b"via forward",
         )
         assert resp.status_code == 201, resp.text
-        resp = await agent.forward("GET", "/files", params={"path": target})
+        resp = await agent.send("GET", "/files", params={"path": target})
         assert resp.content == b"via forward"
-        resp = await agent.forward("GET", "/processes/p-nope")
+        resp = await agent.send("GET", "/processes/p-nope")
         assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
 
-        async with agent.stream("POST", "/exec/stream", json_body={"cmd": "echo s"}) as sresp:
+        async with agent.stream("POST", "/exec/stream", json={"cmd": "echo s"}) as sresp:
             raw = b"".join([c async for c in sresp.aiter_raw()])
         assert sresp.status_code == 200 and b'"exit"' in raw
 
@@ -390,7 +392,7 @@ async def test_numeric_signal_reaches_the_whole_group(host_agent: HostAgent) -> 
 
 async def test_client_for_a_backend_endpoint(host_agent: HostAgent) -> None:
     endpoint = AgentEndpoint(socket_path=str(host_agent.socket_path))
-    async with AgentClient.for_endpoint(endpoint, host_agent.token) as agent:
+    async with TypedAgent.for_endpoint(endpoint, host_agent.token) as agent:
         assert (await agent.exec(["echo", "ok"])).stdout == "ok\n"
 
 
@@ -435,7 +437,7 @@ async def test_port_proxy_forwards_method_query_headers_body(
     host_agent: HostAgent, echo_port: int
 ) -> None:
     async with client_for(host_agent) as agent:
-        resp = await agent.forward(
+        resp = await agent.send(
             "POST",
             f"/proxy/{echo_port}/api/items",
             params={"q": "a b", "n": "2"},

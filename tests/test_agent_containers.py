@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.agent_client import AgentClient
 from orchard.env.errors import Unauthorized
+from tests.agent_routes import TypedAgent
 from tests.conftest import TEST_LABELS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
@@ -47,8 +47,8 @@ class Container:
     socket_path: Path
     token: str
 
-    def client(self, token: str | None = None) -> AgentClient:
-        return AgentClient(socket_path=self.socket_path, token=token or self.token)
+    def client(self, token: str | None = None) -> TypedAgent:
+        return TypedAgent(socket_path=self.socket_path, token=token or self.token)
 
 
 def docker(*args: str) -> str:
@@ -198,7 +198,7 @@ async def test_background_process_output_and_stdin(container: Container) -> None
         await agent.delete_process(p.id)
 
 
-async def _pty_output_until(agent: AgentClient, pid: str, needle: str) -> str:
+async def _pty_output_until(agent: TypedAgent, pid: str, needle: str) -> str:
     deadline = time.monotonic() + 10
     while True:
         out = await agent.process_output(pid)
@@ -257,13 +257,13 @@ async def test_port_proxy_to_a_server_in_the_container(container: Container) -> 
         try:
             deadline = time.monotonic() + 15
             while True:
-                resp = await agent.forward("GET", "/proxy/8000/hello.txt", params={"q": "1"})
+                resp = await agent.send("GET", "/proxy/8000/hello.txt", params={"q": "1"})
                 if resp.status_code != 502 or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.05)
             assert resp.status_code == 200, resp.text
             assert resp.content == b"served from inside\n"
-            missing = await agent.forward("GET", "/proxy/8000/nope.txt")
+            missing = await agent.send("GET", "/proxy/8000/nope.txt")
             assert missing.status_code == 404
         finally:
             await agent.delete_process(server.id)

@@ -1,4 +1,4 @@
-"""AgentHTTP (the service's lean keep-alive client) against the real agent binary.
+"""The service -> agent hop (AgentClient.send over http11.AsyncPool) against the real agent.
 
 Keep-alive reuse, Content-Length and chunked answers (over 1 MiB), agent restarts under a
 pooled connection, the never-resend rule for a sent exec, timeouts and cancellation. A
@@ -23,8 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchard.env.agent_http import AgentHTTP, Reply, remove_dot_segments
 from orchard.env.errors import AgentUnavailable
+from orchard.env.http11 import remove_dot_segments
+from orchard.env.http11.framing import request_head
+from orchard.env.server.agent_client import AgentClient
 from tests.conftest import HostAgent
 from tests.servers import wait_listening
 
@@ -47,73 +49,77 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
     proc.wait(timeout=10)
 
 
-async def exec_(client: AgentHTTP, cmd: str | list[str], **opts: object) -> Reply:
+def timeout(read_s: float | None) -> httpx.Timeout:
+    return httpx.Timeout(read_s, connect=10.0)
+
+
+async def exec_(client: AgentClient, cmd: str | list[str], **opts: object) -> httpx.Response:
     body = json.dumps({"cmd": cmd, **opts}).encode()
-    return await client.request("POST", "/exec", body=body, headers=JSON, read_timeout=60)
+    return await client.send("POST", "/exec", content=body, headers=JSON, timeout=timeout(60))
 
 
 # ---------------------------------------------------------------- the real agent
 
 
 async def test_keep_alive_reuses_one_connection(host_agent: HostAgent) -> None:
-    client = AgentHTTP(socket_path=str(host_agent.socket_path), token=host_agent.token)
+    client = AgentClient(socket_path=str(host_agent.socket_path), token=host_agent.token)
     try:
         first = await exec_(client, ["sh", "-c", "echo $PPID"])
-        assert first.status == 200 and first.content_type == "application/json"
-        assert first.headers["content-length"] == str(len(first.body))
-        assert len(client._idle) == 1
-        conn = client._idle[0]
+        assert first.status_code == 200 and first.headers["content-type"] == "application/json"
+        assert first.headers["content-length"] == str(len(first.content))
+        assert len(client._pool._idle) == 1
+        conn = client._pool._idle[0]
         for _ in range(5):
             reply = await exec_(client, "echo hi")
-            assert json.loads(reply.body)["stdout"] == "hi\n"
-            assert client._idle == [conn]
-        health = await client.request("GET", "/health")
-        assert json.loads(health.body)["pid"] == host_agent.proc.pid
-        assert client._idle == [conn]
+            assert json.loads(reply.content)["stdout"] == "hi\n"
+            assert client._pool._idle == [conn]
+        health = await client.send("GET", "/health")
+        assert json.loads(health.content)["pid"] == host_agent.proc.pid
+        assert client._pool._idle == [conn]
     finally:
         await client.aclose()
 
 
 async def test_error_answers_come_back_as_replies(host_agent: HostAgent) -> None:
-    client = AgentHTTP(socket_path=str(host_agent.socket_path), token=host_agent.token)
+    client = AgentClient(socket_path=str(host_agent.socket_path), token=host_agent.token)
     try:
-        missing = await client.request("GET", "/processes/p-nope")
-        assert missing.status == 404
-        assert json.loads(missing.body)["error"]["code"] == "not_found"
-        bad = await client.request("POST", "/exec", body=b"{nope", headers=JSON)
-        assert bad.status == 400
-        wrong = AgentHTTP(socket_path=str(host_agent.socket_path), token="wrong")
+        missing = await client.send("GET", "/processes/p-nope")
+        assert missing.status_code == 404
+        assert json.loads(missing.content)["error"]["code"] == "not_found"
+        bad = await client.send("POST", "/exec", content=b"{nope", headers=JSON)
+        assert bad.status_code == 400
+        wrong = AgentClient(socket_path=str(host_agent.socket_path), token="wrong")
         try:
-            assert (await exec_(wrong, "true")).status == 401
+            assert (await exec_(wrong, "true")).status_code == 401
         finally:
             await wrong.aclose()
         # Each error answer left its connection usable.
-        assert len(client._idle) == 1
-        assert (await exec_(client, "true")).status == 200
+        assert len(client._pool._idle) == 1
+        assert (await exec_(client, "true")).status_code == 200
     finally:
         await client.aclose()
 
 
 async def test_large_chunked_and_content_length_answers(host_agent: HostAgent) -> None:
     size = 3 << 20
-    client = AgentHTTP(socket_path=str(host_agent.socket_path), token=host_agent.token)
+    client = AgentClient(socket_path=str(host_agent.socket_path), token=host_agent.token)
     try:
         reply = await exec_(
             client, f"head -c {size} /dev/zero | tr '\\0' a", max_output_bytes=size + 1
         )
         # Go's net/http chunks an answer it did not size up front.
         assert reply.headers.get("transfer-encoding") == "chunked"
-        out = json.loads(reply.body)
+        out = json.loads(reply.content)
         assert out["stdout"] == "a" * size and not out["stdout_truncated"]
         data = os.urandom(2 << 20)
         target = host_agent.state_dir / "big.bin"
         target.write_bytes(data)
-        got = await client.request("GET", f"/files?path={target}")
+        got = await client.send("GET", f"/files?path={target}")
         assert got.headers["content-length"] == str(len(data))
-        assert got.body == data
+        assert got.content == data
         # Both answers were read to their end: the one connection is still in step.
-        assert len(client._idle) == 1
-        assert json.loads((await exec_(client, "echo ok")).body)["stdout"] == "ok\n"
+        assert len(client._pool._idle) == 1
+        assert json.loads((await exec_(client, "echo ok")).content)["stdout"] == "ok\n"
     finally:
         await client.aclose()
 
@@ -123,18 +129,18 @@ async def test_agent_restart_under_a_pooled_connection(
 ) -> None:
     sock, token = tmp_state_dir / "agent.sock", secrets.token_hex(8)
     proc = start_agent(agent_binary, sock, token)
-    client = AgentHTTP(socket_path=str(sock), token=token)
+    client = AgentClient(socket_path=str(sock), token=token)
     marker = tmp_state_dir / "runs"
     try:
-        assert (await exec_(client, "true")).status == 200
-        assert len(client._idle) == 1
+        assert (await exec_(client, "true")).status_code == 200
+        assert len(client._pool._idle) == 1
         stop(proc)
         proc = start_agent(agent_binary, sock, token)
         # The pooled connection died with the old agent: the exec runs once, on a new one.
         reply = await exec_(client, f"echo run >> {marker}; echo $$")
-        assert reply.status == 200
+        assert reply.status_code == 200
         assert marker.read_text() == "run\n"
-        health = json.loads((await client.request("GET", "/health")).body)
+        health = json.loads((await client.send("GET", "/health")).content)
         assert health["pid"] == proc.pid
     finally:
         await client.aclose()
@@ -144,10 +150,10 @@ async def test_agent_restart_under_a_pooled_connection(
 async def test_a_sent_exec_is_never_sent_again(agent_binary: Path, tmp_state_dir: Path) -> None:
     sock, token = tmp_state_dir / "agent.sock", secrets.token_hex(8)
     proc = start_agent(agent_binary, sock, token)
-    client = AgentHTTP(socket_path=str(sock), token=token)
+    client = AgentClient(socket_path=str(sock), token=token)
     marker = tmp_state_dir / "runs"
     try:
-        assert (await exec_(client, "true")).status == 200  # a pooled connection to reuse
+        assert (await exec_(client, "true")).status_code == 200  # a pooled connection to reuse
         task = asyncio.create_task(exec_(client, f"echo $$ >> {marker}; exec sleep 30"))
         deadline = time.monotonic() + 20
         while not marker.exists():
@@ -163,57 +169,57 @@ async def test_a_sent_exec_is_never_sent_again(agent_binary: Path, tmp_state_dir
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(lines[0]), signal.SIGKILL)  # the orphaned sleep of the dead agent
         # The client itself recovers on the next call.
-        assert (await exec_(client, "true")).status == 200
+        assert (await exec_(client, "true")).status_code == 200
     finally:
         await client.aclose()
         stop(proc)
 
 
 async def test_no_agent_and_timeouts_are_agent_unavailable(host_agent: HostAgent) -> None:
-    nobody = AgentHTTP(socket_path=str(host_agent.state_dir / "nobody.sock"), token="t")
+    nobody = AgentClient(socket_path=str(host_agent.state_dir / "nobody.sock"), token="t")
     with pytest.raises(AgentUnavailable, match="not reachable"):
-        await nobody.request("GET", "/health")
+        await nobody.send("GET", "/health")
     await nobody.aclose()
 
-    client = AgentHTTP(socket_path=str(host_agent.socket_path), token=host_agent.token)
+    client = AgentClient(socket_path=str(host_agent.socket_path), token=host_agent.token)
     try:
         body = json.dumps({"cmd": "sleep 5"}).encode()
         t0 = time.monotonic()
         with pytest.raises(AgentUnavailable, match="did not answer in time"):
-            await client.request("POST", "/exec", body=body, headers=JSON, read_timeout=0.3)
+            await client.send("POST", "/exec", content=body, headers=JSON, timeout=timeout(0.3))
         assert time.monotonic() - t0 < 4
-        assert client._idle == []  # the timed-out connection is not reused
-        assert (await exec_(client, "true")).status == 200
+        assert client._pool._idle == []  # the timed-out connection is not reused
+        assert (await exec_(client, "true")).status_code == 200
     finally:
         await client.aclose()
     with pytest.raises(AgentUnavailable, match="closed"):
-        await client.request("GET", "/health")
+        await client.send("GET", "/health")
 
 
 async def test_cancelled_request_drops_its_connection(host_agent: HostAgent) -> None:
-    client = AgentHTTP(socket_path=str(host_agent.socket_path), token=host_agent.token)
+    client = AgentClient(socket_path=str(host_agent.socket_path), token=host_agent.token)
     try:
-        assert (await exec_(client, "true")).status == 200
+        assert (await exec_(client, "true")).status_code == 200
         task = asyncio.create_task(exec_(client, "sleep 5"))
         await asyncio.sleep(0.2)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert client._idle == []
+        assert client._pool._idle == []
         reply = await exec_(client, "echo after")
-        assert json.loads(reply.body)["stdout"] == "after\n"
+        assert json.loads(reply.content)["stdout"] == "after\n"
     finally:
         await client.aclose()
 
 
 async def test_concurrent_calls_are_bounded_by_max_connections(host_agent: HostAgent) -> None:
-    client = AgentHTTP(
+    client = AgentClient(
         socket_path=str(host_agent.socket_path), token=host_agent.token, max_connections=4
     )
     try:
         replies = await asyncio.gather(*(exec_(client, f"echo {i}") for i in range(24)))
-        assert [json.loads(r.body)["stdout"] for r in replies] == [f"{i}\n" for i in range(24)]
-        assert 1 <= len(client._idle) <= 4
+        assert [json.loads(r.content)["stdout"] for r in replies] == [f"{i}\n" for i in range(24)]
+        assert 1 <= len(client._pool._idle) <= 4
     finally:
         await client.aclose()
 
@@ -228,23 +234,21 @@ async def test_tcp_agent(agent_binary: Path, tmp_state_dir: Path) -> None:
     proc = subprocess.Popen(
         [str(agent_binary), "--listen", f"127.0.0.1:{port}", "--spill-dir", spill], env=env
     )
-    client = AgentHTTP(base_url=f"http://127.0.0.1:{port}", token=token)
+    client = AgentClient(base_url=f"http://127.0.0.1:{port}", token=token)
     try:
         deadline = time.monotonic() + 10
         while True:
             try:
-                health = await client.request("GET", "/health")
+                health = await client.send("GET", "/health")
                 break
             except AgentUnavailable:
                 assert time.monotonic() < deadline and proc.poll() is None
                 await asyncio.sleep(0.02)
-        assert json.loads(health.body)["pid"] == proc.pid
-        assert json.loads((await exec_(client, "echo tcp")).body)["stdout"] == "tcp\n"
+        assert json.loads(health.content)["pid"] == proc.pid
+        assert json.loads((await exec_(client, "echo tcp")).content)["stdout"] == "tcp\n"
     finally:
         await client.aclose()
         stop(proc)
-    with pytest.raises(ValueError, match="plain http"):
-        AgentHTTP(base_url="https://agent:1")
 
 
 # ---------------------------------------------------------------- scripted peer
@@ -290,14 +294,14 @@ async def test_close_delimited_and_informational_answers(tmp_state_dir: Path) ->
             await w.drain()
 
     server, seen = await serve(tmp_state_dir / "p.sock", handler)
-    client = AgentHTTP(socket_path=str(tmp_state_dir / "p.sock"), token="tok")
+    client = AgentClient(socket_path=str(tmp_state_dir / "p.sock"), token="tok")
     try:
-        first = await client.request("GET", "/a")
-        assert (first.status, first.headers["x-a"], first.body) == (200, "1", b"to the end")
-        assert client._idle == []
-        second = await client.request("POST", "/b", body=b"{}", headers=JSON)
-        assert (second.status, second.body) == (201, b"abcde")
-        assert client._idle == []
+        first = await client.send("GET", "/a")
+        assert (first.status_code, first.headers["x-a"], first.content) == (200, "1", b"to the end")
+        assert client._pool._idle == []
+        second = await client.send("POST", "/b", content=b"{}", headers=JSON)
+        assert (second.status_code, second.content) == (201, b"abcde")
+        assert client._pool._idle == []
         assert seen[0].startswith(b"GET /a HTTP/1.1\r\n")
         assert b"Authorization: Bearer tok\r\n" in seen[0]
         assert b"Content-Length: 2\r\n" in seen[1]
@@ -317,13 +321,13 @@ async def test_sent_but_unanswered_get_is_retried_once_and_post_never(
         await w.drain()
 
     server, seen = await serve(tmp_state_dir / "p.sock", handler)
-    client = AgentHTTP(socket_path=str(tmp_state_dir / "p.sock"))
+    client = AgentClient(socket_path=str(tmp_state_dir / "p.sock"))
     try:
-        assert (await client.request("GET", "/one")).body == b"ok"  # 1: pools a connection
-        assert (await client.request("GET", "/two")).body == b"ok"  # 2 hangs up, 3 answers
+        assert (await client.send("GET", "/one")).content == b"ok"  # 1: pools a connection
+        assert (await client.send("GET", "/two")).content == b"ok"  # 2 hangs up, 3 answers
         assert [h.split(b" ")[1] for h in seen] == [b"/one", b"/two", b"/two"]
         with pytest.raises(AgentUnavailable, match="not reachable"):
-            await client.request("POST", "/exec", body=b"{}")  # 4 hangs up: not sent again
+            await client.send("POST", "/exec", content=b"{}")  # 4 hangs up: not sent again
         assert [h.split(b" ")[1] for h in seen] == [b"/one", b"/two", b"/two", b"/exec"]
     finally:
         await client.aclose()
@@ -345,23 +349,22 @@ async def test_malformed_answers_are_agent_unavailable(tmp_state_dir: Path) -> N
         w.close()
 
     server, _ = await serve(tmp_state_dir / "p.sock", handler)
-    client = AgentHTTP(socket_path=str(tmp_state_dir / "p.sock"))
+    client = AgentClient(socket_path=str(tmp_state_dir / "p.sock"))
     try:
         for _ in answers:
             with pytest.raises(AgentUnavailable):
-                await client.request("GET", "/x")
+                await client.send("GET", "/x")
     finally:
         await client.aclose()
         server.close()
 
 
 def test_request_targets_and_headers_are_checked() -> None:
-    client = AgentHTTP(socket_path="/nonexistent.sock")
     for target in ("relative", "/a b", "/a\r\nX: y"):
         with pytest.raises(ValueError):
-            client._head("GET", target, None, ())
+            request_head("GET", target, [])
     with pytest.raises(ValueError):
-        client._head("GET", "/", None, [("X", "a\r\nInjected: 1")])
+        request_head("GET", "/", [("X", "a\r\nInjected: 1")])
 
 
 @pytest.mark.parametrize(
@@ -374,9 +377,11 @@ def test_dot_segments_resolve_as_httpx_does(target: str) -> None:
 
 
 async def test_dot_segment_targets_get_the_agents_404(host_agent: HostAgent) -> None:
-    client = AgentHTTP(socket_path=str(host_agent.socket_path), token=host_agent.token)
+    client = AgentClient(socket_path=str(host_agent.socket_path), token=host_agent.token)
     try:
-        reply = await client.request("GET", "/processes/..")
-        assert reply.status == 404 and json.loads(reply.body)["error"]["code"] == "not_found"
+        reply = await client.send("GET", "/processes/..")
+        assert (
+            reply.status_code == 404 and json.loads(reply.content)["error"]["code"] == "not_found"
+        )
     finally:
         await client.aclose()

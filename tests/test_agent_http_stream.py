@@ -1,4 +1,4 @@
-"""AgentHTTP.stream, the service's download path: big pieces, every framing, no silent cuts."""
+"""AgentClient.stream, the service's download path: big pieces, every framing, no silent cuts."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.agent_http import STREAM_PIECE, AgentHTTP, ProtocolError
 from orchard.env.errors import AgentUnavailable
+from orchard.env.http11.framing import PIECE as STREAM_PIECE
+from orchard.env.server.agent_client import AgentClient
 from tests.conftest import HostAgent
 from tests.test_agent_http import serve
 
@@ -26,24 +27,24 @@ async def test_files_and_tars_stream_in_big_pieces(host_agent: HostAgent) -> Non
     (folder / "big.bin").write_bytes(data)
     for i in range(50):
         (folder / f"small{i}").write_text(str(i))
-    client = AgentHTTP(socket_path=str(host_agent.socket_path), token=host_agent.token)
+    client = AgentClient(socket_path=str(host_agent.socket_path), token=host_agent.token)
     try:
         async with client.stream("GET", f"/files?path={folder}/big.bin") as reply:
-            assert reply.status == 200 and reply.headers["content-length"] == str(len(data))
-            pieces = [piece async for piece in reply.body]
+            assert reply.status_code == 200 and reply.headers["content-length"] == str(len(data))
+            pieces = [piece async for piece in reply.aiter_raw()]
         assert b"".join(pieces) == data
         assert max(map(len, pieces)) <= STREAM_PIECE and len(pieces) < 100  # not 64 KiB reads
         async with client.stream("GET", f"/files/tar?path={folder}") as reply:
             assert reply.headers.get("transfer-encoding") == "chunked"
-            raw = await reply.read()
+            raw = await reply.aread()
         with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
             assert len(tar.getnames()) == 51
             member = tar.extractfile("big.bin")
             assert member is not None and member.read() == data
         async with client.stream("GET", "/files?path=/no/such/file") as reply:
-            assert reply.status == 404
-            assert json.loads(await reply.read())["error"]["code"] == "not_found"
-        assert client._idle == []  # stream connections are never pooled
+            assert reply.status_code == 404
+            assert json.loads(await reply.aread())["error"]["code"] == "not_found"
+        assert len(client._pool._idle) == 1  # each read to its end: one connection, pooled
     finally:
         await client.aclose()
 
@@ -63,19 +64,19 @@ async def test_a_cut_or_bad_body_raises_while_iterating(tmp_state_dir: Path, ans
         w.close()
 
     server, _ = await serve(tmp_state_dir / "p.sock", handler)
-    client = AgentHTTP(socket_path=str(tmp_state_dir / "p.sock"))
+    client = AgentClient(socket_path=str(tmp_state_dir / "p.sock"))
     try:
-        async with client.stream("GET", "/f") as reply:
-            assert reply.status == 200
-            with pytest.raises((ProtocolError, EOFError)):
-                await reply.read()
+        with pytest.raises(AgentUnavailable, match="broke off"):
+            async with client.stream("GET", "/f") as reply:
+                assert reply.status_code == 200
+                await reply.aread()
     finally:
         await client.aclose()
         server.close()
 
 
 async def test_no_agent_is_agent_unavailable(tmp_state_dir: Path) -> None:
-    client = AgentHTTP(socket_path=str(tmp_state_dir / "none.sock"))
+    client = AgentClient(socket_path=str(tmp_state_dir / "none.sock"))
     with pytest.raises(AgentUnavailable):
         async with client.stream("GET", "/files?path=/x"):
             pass

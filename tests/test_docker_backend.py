@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from orchard.env.agent_client import AgentClient
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.backends.docker import (
     AGENT_PATH,
@@ -31,6 +30,7 @@ from orchard.env.errors import (
 )
 from orchard.env.image_policy import ImagePolicy
 from orchard.env.models import NetworkPolicy
+from tests.agent_routes import TypedAgent
 from tests.backends.backend_harness import TEST_LABELS, owned
 from tests.docker_util import DERIVED_CHANGES, commit_image, container_of
 from tests.servers import fake_registry
@@ -54,9 +54,9 @@ def docker_inspect(name: str) -> dict[str, Any]:
     return data
 
 
-def agent_for(rec: SandboxRecord, spec: SandboxSpec) -> AgentClient:
+def agent_for(rec: SandboxRecord, spec: SandboxSpec) -> TypedAgent:
     assert rec.endpoint.socket_path
-    return AgentClient(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
+    return TypedAgent(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The service's exec fast path (api.ExecFastPath) answers exactly as the FastAPI route does.
+"""The service's exec fast path (server.middleware) answers exactly as the FastAPI route does.
 
 A `+json` content type skips the fast path (which takes application/json only) while
 FastAPI still reads the body as JSON, so each case is sent both ways to one real service
@@ -14,9 +14,13 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
+from starlette.requests import HTTPConnection
 
-from orchard.env.api import EmbeddedService, ExecFastPath
 from orchard.env.config import ServiceConfig
+from orchard.env.errors import Unauthorized
+from orchard.env.server import EmbeddedService
+from orchard.env.server.routes.exec import accept_exec
 from tests.conftest import TEST_LABELS
 
 KEY = "fast-key"
@@ -147,10 +151,14 @@ def test_the_fast_path_takes_plain_json_exec_requests(service: EmbeddedService) 
             "app": service.app,
         }
 
-    accepted = ExecFastPath._accept(scope(b"application/json; charset=utf-8"), b'{"cmd": "true"}')
-    assert accepted is not None
-    owner, svc, request = accepted
+    def accept(ctype: bytes, key: bytes = KEY.encode()) -> tuple[str, Any, Any]:
+        return accept_exec(HTTPConnection(scope(ctype, key)), b'{"cmd": "true"}')
+
+    owner, svc, request = accept(b"application/json; charset=utf-8")
     assert owner == "alice" and svc is service.app.state.service and request.cmd == "true"
-    assert ExecFastPath._accept(scope(b"application/x.test+json"), b'{"cmd": "true"}') is None
-    assert ExecFastPath._accept(scope(b"application/json", b"nope"), b'{"cmd": "true"}') is None
-    assert ExecFastPath._accept(scope(b"application/json"), b'{"cmd": 5}') is None
+    with pytest.raises(ValueError):  # goes on to the route, which refuses it in its words
+        accept(b"application/x.test+json")
+    with pytest.raises(Unauthorized):
+        accept(b"application/json", b"nope")
+    with pytest.raises(ValidationError):
+        accept_exec(HTTPConnection(scope(b"application/json")), b'{"cmd": 5}')

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from orchard.env.agent_client import AgentClient
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.backends.docker import DockerBackend
 from orchard.env.errors import InvalidRequest, Unavailable
@@ -32,6 +31,7 @@ from orchard.env.network import (
     resolve_allow,
     sandbox_rules,
 )
+from tests.agent_routes import TypedAgent
 from tests.backends.backend_harness import TEST_LABELS, owned
 from tests.docker_util import container_of
 
@@ -136,7 +136,7 @@ async def backend(
 @dataclass
 class Box:
     id: str
-    agent: AgentClient
+    agent: TypedAgent
 
     async def fetch(self, host: str, port: int = PORT) -> str | None:
         """The page at host:port, or None if the sandbox cannot reach it within 2 s."""
@@ -160,7 +160,7 @@ async def boxes(backend: DockerBackend, busybox_image: str) -> AsyncIterator[Any
         )
         rec = await backend.create(spec)
         assert rec.endpoint.socket_path
-        agent = AgentClient(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
+        agent = TypedAgent(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
         await agent.wait_ready(15)
         made.append(Box(spec.id, agent))
         return made[-1]

@@ -19,9 +19,9 @@ import pytest
 
 from orchard import AsyncOrchard, Orchard
 from orchard.env import models as m
-from orchard.env.api import EmbeddedService
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import Conflict, InvalidRequest, NotFound, OrchardError
+from orchard.env.server import EmbeddedService
 
 T = TypeVar("T")
 KINDS = ["sync", "async"]

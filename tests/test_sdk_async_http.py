@@ -1,4 +1,6 @@
-"""The async SDK's lean transport (_sdk_ahttp) against the real service, over TCP and a Unix socket.
+"""The async SDK's lean transport (http11.AsyncLeanTransport) against the real service.
+
+Over TCP and a Unix socket.
 
 One Orchard service (the real app, real Docker) listens on both at once with a 1 s
 keep-alive, so a server's idle close is quick to provoke. A scripted peer (shared with
@@ -24,11 +26,12 @@ import pytest
 
 from orchard import AsyncOrchard, Orchard
 from orchard.env import _sdk_core as core
-from orchard.env._sdk_ahttp import AsyncLeanHTTP, async_lean_transport
+from orchard.env._sdk_base import aiter_body, build_request, send_async
 from orchard.env._sdk_core import RetryPolicy
-from orchard.env.api import create_app
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import Unavailable
+from orchard.env.http11 import AsyncLeanTransport, async_transport_for
+from orchard.env.server import create_app
 from tests.servers import serve_uvicorn
 from tests.test_sdk_http import OK, ScriptedPeer, call, make_app
 
@@ -74,16 +77,37 @@ def sandbox_id(targets: dict[str, core.Target], busybox_image: str) -> Iterator[
         yield sb.id
 
 
+class ALean:
+    """Calls over one AsyncLeanTransport, sent as `AsyncOrchard` sends them."""
+
+    def __init__(self, target: core.Target, transport: AsyncLeanTransport) -> None:
+        self.target = target
+        self.transport = transport
+
+    @property
+    def opened(self) -> int:
+        return self.transport.pool.opened
+
+    async def request(
+        self, c: core.Call[Any], timeout: httpx.Timeout, *, stream: bool = False
+    ) -> httpx.Response:
+        return await send_async(self.transport, self.target, c, timeout, stream=stream)
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
 @contextlib.asynccontextmanager
-async def pool(target: core.Target, size: int = 100) -> AsyncIterator[AsyncLeanHTTP]:
-    lean = AsyncLeanHTTP(target, {}, max_connections=size)
+async def pool(target: core.Target, size: int = 100) -> AsyncIterator[ALean]:
+    transport = AsyncLeanTransport.to(target.base_url, target.uds, max_connections=size)
+    lean = ALean(target, transport)
     try:
         yield lean
     finally:
         await lean.aclose()
 
 
-async def run(lean: AsyncLeanHTTP, sid: str, cmd: str, timeout: httpx.Timeout = TIMEOUT) -> str:
+async def run(lean: ALean, sid: str, cmd: str, timeout: httpx.Timeout = TIMEOUT) -> str:
     exe = core.exec_call(sid, cmd, {})  # no read timeout: an exec may run for hours
     c = core.Call(exe.method, exe.path, exe.parse, json=exe.json)  # the client's read timeout
     return c.parse(await lean.request(c, timeout)).stdout
@@ -226,7 +250,9 @@ async def test_uploads_sized_and_chunked(targets: dict[str, core.Target], sandbo
             body=lambda: iter(chunks),
             length=len(data),
         )
-        assert b"Content-Length: %d\r\n" % len(data) in lean._head(known, iter(chunks))
+        sent = build_request(targets["uds"], known, TIMEOUT, aiter_body(iter(chunks)))
+        assert sent.headers["content-length"] == str(len(data))
+        assert "transfer-encoding" not in sent.headers
         assert known.parse(await lean.request(known, TIMEOUT)).size == len(data)
         read = core.read_file(sandbox_id, "/tmp/sized", None, None)
         assert read.parse(await lean.request(read, TIMEOUT)) == data
@@ -252,8 +278,9 @@ async def test_https_with_a_trusted_certificate(
     tls = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
     with serve_uvicorn(make_app([]), [tcp], **tls):
         target = core.Target(f"https://localhost:{port}", api_key="k")
-        lean = async_lean_transport(target, core.auth_headers(target))
-        assert lean is not None and lean.tls is not None
+        transport = async_transport_for(target.base_url)
+        assert isinstance(transport, AsyncLeanTransport) and transport.pool.tls is not None
+        lean = ALean(target, transport)
         try:
             for _ in range(2):
                 r = await lean.request(call("POST", "/echo/x", json={"a": 1}), TIMEOUT)

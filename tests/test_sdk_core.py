@@ -366,7 +366,7 @@ async def test_refused_connection_is_typed(kind: str) -> None:
 
 
 def test_port_url_carries_the_key_only_when_asked() -> None:
-    from orchard.env.sdk import _port_url
+    from orchard.env._sdk_base import port_url as _port_url
 
     target = core.Target("https://h", api_key="k")
     assert (

@@ -1,4 +1,4 @@
-"""The sync SDK's lean transport (_sdk_http) against a real uvicorn server and a scripted peer.
+"""The sync SDK's lean transport (http11.LeanTransport) against uvicorn and a scripted peer.
 
 uvicorn (what `orchard serve` runs) checks keep-alive reuse, Content-Length and chunked
 answers, error answers, and its own idle close under a pooled connection; a scripted
@@ -25,8 +25,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orchard.env import _sdk_core as core
-from orchard.env._sdk_http import LeanHTTP, lean_transport
+from orchard.env._sdk_base import build_request, send
 from orchard.env.errors import Unavailable
+from orchard.env.http11 import ClientTransport, LeanTransport, transport_for
 from orchard.env.sdk import Orchard
 from tests.servers import serve_uvicorn
 
@@ -76,13 +77,32 @@ def call(method: str, path: str, **kw: object) -> core.Call[httpx.Response]:
     return core.Call(method, path, lambda r: r, **kw)  # type: ignore[arg-type]
 
 
+class Lean:
+    """One Call at a time over the target's transport, read whole (as `Orchard` sends it)."""
+
+    def __init__(self, target: core.Target) -> None:
+        self.target = target
+        self.transport = transport_for(target.base_url, target.uds)
+
+    @property
+    def _idle(self) -> list[object]:
+        assert isinstance(self.transport, LeanTransport)
+        return self.transport.pool._idle  # type: ignore[return-value]
+
+    def request(self, c: core.Call[httpx.Response], timeout: httpx.Timeout) -> httpx.Response:
+        return send(self.transport, self.target, c, timeout, stream=False)
+
+    def close(self) -> None:
+        self.transport.close()
+
+
 def test_keep_alive_json_chunked_and_errors_over_uvicorn(tmp_state_dir: Path) -> None:
     calls: list[str] = []
     sock = tmp_state_dir / "u.sock"
     target = core.Target(core.UDS_HOST, uds=str(sock), api_key="k1")
     with uvicorn_on(sock, make_app(calls)):
-        lean = lean_transport(target, core.auth_headers(target))
-        assert isinstance(lean, LeanHTTP)
+        lean = Lean(target)
+        assert isinstance(lean.transport, LeanTransport)
         try:
             first = lean.request(call("POST", "/echo/a b", json={"cmd": ["true"], "é": 1}), TIMEOUT)
             assert first.status_code == 200
@@ -115,7 +135,7 @@ def test_server_idle_close_is_caught_before_reuse(tmp_state_dir: Path) -> None:
     sock = tmp_state_dir / "u.sock"
     target = core.Target(core.UDS_HOST, uds=str(sock))
     with uvicorn_on(sock, make_app(calls), keep_alive_s=1):
-        lean = LeanHTTP(target, {})
+        lean = Lean(target)
         try:
             assert lean.request(call("POST", "/echo/1", json={}), TIMEOUT).status_code == 200
             time.sleep(1.6)  # uvicorn closes the idle connection
@@ -179,7 +199,7 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\
 def test_a_sent_post_without_answer_is_never_resent(tmp_state_dir: Path) -> None:
     sock = tmp_state_dir / "p.sock"
     peer = ScriptedPeer(sock, lambda n: None if n in (2, 4) else OK)
-    lean = LeanHTTP(core.Target(core.UDS_HOST, uds=str(sock)), {})
+    lean = Lean(core.Target(core.UDS_HOST, uds=str(sock)))
     try:
         assert lean.request(call("GET", "/one"), TIMEOUT).status_code == 200  # 1: pooled
         # 2 hangs up on the pooled connection after reading the GET: retried once (3).
@@ -207,7 +227,7 @@ def test_close_delimited_informational_and_malformed_answers(tmp_state_dir: Path
     }
     sock = tmp_state_dir / "p.sock"
     peer = ScriptedPeer(sock, answers.get, close_each=True)
-    lean = LeanHTTP(core.Target(core.UDS_HOST, uds=str(sock)), {})
+    lean = Lean(core.Target(core.UDS_HOST, uds=str(sock)))
     try:
         first = lean.request(call("GET", "/a"), TIMEOUT)
         assert (first.status_code, first.content) == (200, b"all of it")
@@ -231,7 +251,7 @@ def test_timeouts_and_no_server_map_to_the_sdk_errors(tmp_state_dir: Path) -> No
         return OK
 
     peer = ScriptedPeer(sock, slow)
-    lean = LeanHTTP(core.Target(core.UDS_HOST, uds=str(sock)), {})
+    lean = Lean(core.Target(core.UDS_HOST, uds=str(sock)))
     try:
         quick = call("POST", "/slow", json={}, read_timeout=0.2)
         with pytest.raises(httpx.ReadTimeout):
@@ -241,7 +261,7 @@ def test_timeouts_and_no_server_map_to_the_sdk_errors(tmp_state_dir: Path) -> No
         lean.close()
         peer.close()
     with pytest.raises(httpx.ConnectError):
-        LeanHTTP(core.Target(core.UDS_HOST, uds=str(tmp_state_dir / "none.sock")), {}).request(
+        Lean(core.Target(core.UDS_HOST, uds=str(tmp_state_dir / "none.sock"))).request(
             call("GET", "/x"), TIMEOUT
         )
     # Through the client: a connection that never opened is retried, then reported.
@@ -256,13 +276,15 @@ def test_timeouts_and_no_server_map_to_the_sdk_errors(tmp_state_dir: Path) -> No
 
 
 def test_only_plain_targets_get_the_lean_transport(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert lean_transport(core.Target("https://orchard.example"), {}) is None
+    assert isinstance(transport_for("https://orchard.example"), ClientTransport)
     plain = core.Target("http://127.0.0.1:8080/prefix")
-    lean = lean_transport(plain, {})
-    assert lean is not None and lean.prefix == "/prefix" and lean.port == 8080
+    lean = transport_for(plain.base_url)
+    assert isinstance(lean, LeanTransport) and lean.pool.port == 8080
+    url = build_request(plain, core.health(), TIMEOUT).url
+    assert url.raw_path == b"/prefix/healthz"
     monkeypatch.setenv("HTTP_PROXY", "http://proxy:3128")
-    assert lean_transport(plain, {}) is None  # httpx honours the proxy; keep it
-    assert lean_transport(core.Target(core.UDS_HOST, uds="/x.sock"), {}) is not None
+    assert isinstance(transport_for(plain.base_url), ClientTransport)  # httpx honours proxies
+    assert isinstance(transport_for(core.UDS_HOST, "/x.sock"), LeanTransport)
 
 
 def test_tcp_target(tmp_state_dir: Path) -> None:
@@ -280,7 +302,7 @@ def test_tcp_target(tmp_state_dir: Path) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     try:
-        lean = LeanHTTP(core.Target(f"http://127.0.0.1:{port}"), {"Authorization": "Bearer t"})
+        lean = Lean(core.Target(f"http://127.0.0.1:{port}", api_key="t"))
         r = lean.request(call("POST", "/echo/tcp", json=[1]), TIMEOUT)
         assert r.json()["body"] == [1] and r.json()["auth"] == "Bearer t"
         lean.close()

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from websockets.sync.client import unix_connect
 
-from orchard.env.api import EmbeddedService
 from orchard.env.config import ConfigError, ServiceConfig, parse_api_keys
-from orchard.env.service import parse_memory
+from orchard.env.server import EmbeddedService
+from orchard.env.server.service import parse_memory
 
 KEY_A, KEY_B = "key-alice-0123456789", "key-bob-0123456789"
 MAX_UPLOAD = 256 * 1024

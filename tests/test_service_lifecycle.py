@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchard.env.api import EmbeddedService, serve
 from orchard.env.config import ConfigError, ServiceConfig
+from orchard.env.server import EmbeddedService, serve
 from tests.docker_util import container_of
 
 KEY = "lifecycle-key-0123456789"

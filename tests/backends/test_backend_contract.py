@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from orchard.env.agent_client import AgentClient
-from orchard.env.api import EmbeddedService
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import Conflict, InvalidRequest, NotFound
 from orchard.env.models import NetworkPolicy
 from orchard.env.sdk import Orchard
+from orchard.env.server import EmbeddedService
+from tests.agent_routes import TypedAgent
 from tests.backends.backend_harness import AnyBackend, Harness
 
 pytestmark = pytest.mark.anyio
@@ -35,9 +35,9 @@ def make_spec(image: str, **kw: Any) -> SandboxSpec:
     return SandboxSpec(image=image, **kw)
 
 
-async def ready(rec: SandboxRecord, spec: SandboxSpec) -> AgentClient:
+async def ready(rec: SandboxRecord, spec: SandboxSpec) -> TypedAgent:
     assert rec.endpoint.socket_path
-    agent = AgentClient(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
+    agent = TypedAgent(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
     await agent.wait_ready(15)
     return agent
 

@@ -18,8 +18,8 @@ import pytest
 import uvicorn
 
 from orchard import Orchard
-from orchard.env.api import create_app
 from orchard.env.config import ServiceConfig
+from orchard.env.server import create_app
 from orchard.gui.browser_env import BrowserEnv, EnvConfig
 from orchard.gui.types import WebTask
 from tests.swe.conftest import _test_labels

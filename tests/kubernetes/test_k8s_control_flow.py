@@ -25,7 +25,7 @@ from orchard.env.errors import (
     Unavailable,
 )
 from orchard.env.models import NetworkPolicy, SandboxCreate
-from orchard.env.service import SandboxService
+from orchard.env.server.service import SandboxService
 from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
 from tests.kubernetes.kube_helpers import NS, fake_cluster, instant_kubelet
 

@@ -25,7 +25,8 @@ import pytest
 
 from orchard.env.config import ServiceConfig
 from orchard.env.models import SandboxCreate
-from orchard.env.service import SandboxService
+from orchard.env.server.service import SandboxService
+from tests.agent_routes import typed
 from tests.conftest import TEST_LABELS
 from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
 from tests.kubernetes.kube_helpers import NS, fake_cluster
@@ -154,7 +155,7 @@ async def test_exec_and_files_reach_the_pod_ip_with_the_token(
             ip = api.pods(NS)[f"orchard-{sb.id}"]["status"]["podIP"]
             assert url == f"http://{ip}:9090"
 
-            agent = await svc.agent("alice", sb.id)
+            agent = typed(await svc.agent("alice", sb.id))
             res = await agent.exec("echo $GREETING from $(pwd); cat /tmp/child; id -u")
             assert res.exit_code == 0
             assert res.stdout.split("\n")[:3] == ["hello from /tmp", "started", "0"]

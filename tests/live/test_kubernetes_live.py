@@ -41,7 +41,8 @@ from orchard.env.errors import (
     Unschedulable,
 )
 from orchard.env.models import NetworkPolicy, SandboxCreate
-from orchard.env.service import SandboxService
+from orchard.env.server.service import SandboxService
+from tests.agent_routes import typed
 
 KUBECONFIG = os.environ.get("ORCHARD_TEST_KUBECONFIG", "")
 pytestmark = [
@@ -139,7 +140,7 @@ async def test_lifecycle_exec_files_network_expiry(
     try:
         sb = await svc.create("alice", SandboxCreate(image=image, cmd=["sleep", "3600"]))
         assert sb.status == "ready"
-        agent = await svc.agent("alice", sb.id)
+        agent = typed(await svc.agent("alice", sb.id))
         res = await agent.exec("echo hi; id -u")
         assert res.stdout.split() == ["hi", "0"]
         await agent.write_file("/tmp/x", b"data")
@@ -172,7 +173,7 @@ async def test_two_replicas_share_the_cluster(
         req = SandboxCreate(image=image, cmd=["sleep", "3600"], timeout_s=600)
         sb = await one.create("alice", req)
         assert [s.id for s in await two.list_sandboxes("alice")] == [sb.id]
-        agent = await two.agent("alice", sb.id)
+        agent = typed(await two.agent("alice", sb.id))
         assert (await agent.exec("echo from-two")).stdout == "from-two\n"
         await one.set_timeout("alice", sb.id, 1)
         await asyncio.sleep(1.5)

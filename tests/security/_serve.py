@@ -1,4 +1,4 @@
-"""Run the real service (`orchard.env.api.serve`) as its own process for the security tests.
+"""Run the real service (`orchard.env.server.serve`) as its own process for the security tests.
 
 Like `orchard serve`, configured from ORCHARD_* variables, plus the test labels on every
 container (so a crashed run leaves nothing the session cleanup cannot find) and logging of
@@ -13,8 +13,8 @@ import logging
 import os
 import sys
 
-from orchard.env.api import serve
 from orchard.env.config import ServiceConfig
+from orchard.env.server import serve
 
 
 def main() -> None:

@@ -25,9 +25,9 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation.meta import CoverageScenario
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from orchard.env.api import create_app
 from orchard.env.config import ServiceConfig
 from orchard.env.models import MAX_BATCH
+from orchard.env.server import create_app
 from tests.security.conftest import (
     KEY_ALICE,
     Service,

@@ -55,6 +55,9 @@ def create(
     ] = None,
     cpu: Annotated[float | None, typer.Option(help="CPU cores.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory limit, e.g. 512m, 2g.")] = None,
+    disk: Annotated[
+        str | None, typer.Option(help="Disk limit for what the sandbox writes, e.g. 10g.")
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Time to live in seconds.")] = 3600,
     idle_timeout: Annotated[
         float | None, typer.Option(help="Delete after this many idle seconds.")
@@ -84,6 +87,7 @@ def create(
     for key, value in (
         ("cpu", cpu),
         ("memory", memory),
+        ("disk", disk),
         ("idle_timeout_s", idle_timeout),
         ("workdir", workdir),
         ("user", user),

@@ -33,8 +33,8 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the Orchard service (REST API) until interrupted."""
-    from orchard.env.api import serve as run_service
     from orchard.env.config import ConfigError, ServiceConfig
+    from orchard.env.server import serve as run_service
 
     try:
         config = ServiceConfig.from_env(backend=backend)

@@ -1,9 +1,11 @@
 """Transport-free core of the SDK: where to connect, what each call sends, how answers parse.
 
-`Orchard` and `AsyncOrchard` are thin twins over this module (each on its own lean
-keep-alive HTTP/1.1 transport, `_sdk_http` and `_sdk_ahttp`, answering with httpx types):
-every route is described once here as a `Call`, and each client only sends it (with the
-retry policy below) and hands the answer to the call's parser.
+`Orchard` and `AsyncOrchard` are thin twins over this module: every route is described
+once here as a `Call`, and each client only sends it (through its httpx transport, with
+the retry policy below) and hands the answer to the call's parser.
+
+Over 500 lines on purpose: one short description per REST route, all in one place, so
+what the SDK sends can be read (and checked against docs/rest-api.md) in one file.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pydantic import BaseModel, ValidationError
 
 from orchard.env import models as m
 from orchard.env._sdk_tar import CHUNK as CHUNK
+from orchard.env._sdk_tar import IterReader as IterReader
+from orchard.env._sdk_tar import coalesce as coalesce
 from orchard.env._sdk_tar import extract_tar as extract_tar
 from orchard.env._sdk_tar import iter_tar as iter_tar
 from orchard.env.errors import InvalidRequest, OrchardError, Unavailable, error_from_response
@@ -215,6 +219,7 @@ class CreateOptions(TypedDict, total=False):
     cpu: float | None
     memory: str | int | None
     pids_limit: int | None
+    disk: str | int | None
     timeout_s: float
     idle_timeout_s: float | None
     network: m.NetworkPolicy | dict[str, Any]
@@ -627,42 +632,3 @@ def download_tar(sandbox_id: str, remote_dir: str) -> Call[None]:
         idempotent=True,
         read_timeout=None,
     )
-
-
-# ---------------------------------------------------------------- tar streams
-
-
-def coalesce(chunks: Iterable[bytes], min_size: int = 256 << 10) -> Iterator[bytes]:
-    """Join small chunks (tar headers) so each hop to a worker thread moves a useful amount."""
-    buf: list[bytes] = []
-    size = 0
-    for chunk in chunks:
-        buf.append(chunk)
-        size += len(chunk)
-        if size >= min_size:
-            yield b"".join(buf)
-            buf, size = [], 0
-    if buf:
-        yield b"".join(buf)
-
-
-class IterReader(io.RawIOBase):
-    """A read-only file object over an iterator of byte chunks (for streaming tar extraction)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buf = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        while not self._buf:
-            try:
-                self._buf = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n

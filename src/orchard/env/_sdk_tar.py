@@ -10,12 +10,13 @@ in the way) takes tarfile's own path with its `data` filter, which keeps every s
 
 from __future__ import annotations
 
+import io
 import os
 import stat as stat_mod
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from orchard.env import models as m
 from orchard.env.errors import OrchardError
@@ -228,3 +229,42 @@ def extract_tar(stream: IO[bytes], dest: str | os.PathLike[str]) -> m.TarResult:
                 files += 1
                 total += member.size if member.isfile() else 0
     return m.TarResult(files=files, bytes=total)
+
+
+# ---------------------------------------------------------------- streams of pieces
+
+
+def coalesce(chunks: Iterable[bytes], min_size: int = 256 << 10) -> Iterator[bytes]:
+    """Join small chunks (tar headers) so each hop to a worker thread moves a useful amount."""
+    buf: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        buf.append(chunk)
+        size += len(chunk)
+        if size >= min_size:
+            yield b"".join(buf)
+            buf, size = [], 0
+    if buf:
+        yield b"".join(buf)
+
+
+class IterReader(io.RawIOBase):
+    """A read-only file object over an iterator of byte chunks (for streaming tar extraction)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            try:
+                self._buf = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n

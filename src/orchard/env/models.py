@@ -1,7 +1,9 @@
-"""The REST API contract: pydantic models shared by the service, the SDK and the CLI.
+"""The wire contract: pydantic models for every JSON body of the REST API and the agent.
 
-Per-sandbox routes (exec, processes, files) mirror the agent's JSON one to one
-(see docs/agent-api.md), so the service forwards them without re-shaping.
+The service, the SDK and the CLI share them. Per-sandbox routes (exec, processes, files)
+mirror the agent's JSON one to one (docs/agent-api.md), so the service forwards them
+without re-shaping; `orchard.env.wire` exports those models as JSON Schema, which the Go
+agent's structs are tested against (agent/testdata/wire_schema.json).
 """
 
 from __future__ import annotations
@@ -26,27 +28,32 @@ Env = Annotated[dict[str, str], AfterValidator(check_env)]
 Labels = Annotated[dict[str, str], AfterValidator(check_labels)]
 
 
-class Model(BaseModel):
+class WireModel(BaseModel):
+    """Base of every JSON body on the wire: unknown fields are refused, never ignored.
+
+    (Not to be confused with the LLM model protocol the task families use.)
+    """
+
     model_config = ConfigDict(extra="forbid")
 
 
 # ---------------------------------------------------------------- errors
 
 
-class ErrorBody(Model):
+class ErrorBody(WireModel):
     code: str = Field(description="stable, machine-readable error code")
     message: str = Field(description="what went wrong, for a human")
     details: dict[str, Any] | None = None
 
 
-class ErrorResponse(Model):
+class ErrorResponse(WireModel):
     error: ErrorBody
 
 
 # ---------------------------------------------------------------- sandboxes
 
 
-class NetworkPolicy(Model):
+class NetworkPolicy(WireModel):
     """Egress policy, enforced on the host, never by anything inside the sandbox.
 
     `none`: no network interface but loopback. `all`: anything but cloud metadata.
@@ -65,7 +72,7 @@ class NetworkPolicy(Model):
         return self
 
 
-class SandboxCreate(Model):
+class SandboxCreate(WireModel):
     image: str = Field(min_length=1, max_length=512, description="any OCI image reference")
     cmd: list[str] | None = Field(
         default=None,
@@ -109,14 +116,14 @@ class SandboxCreate(Model):
         return parse_size(self.disk, "disk", MIN_DISK_BYTES)
 
 
-class Resources(Model):
+class Resources(WireModel):
     cpu: float | None = None
     memory_bytes: int | None = None
     pids_limit: int | None = None
     disk_bytes: int | None = None
 
 
-class Sandbox(Model):
+class Sandbox(WireModel):
     id: str
     image: str
     status: SandboxStatus
@@ -130,29 +137,29 @@ class Sandbox(Model):
     error: str | None = None
 
 
-class SandboxList(Model):
+class SandboxList(WireModel):
     sandboxes: list[Sandbox]
 
 
-class BatchCreateResult(Model):
+class BatchCreateResult(WireModel):
     sandboxes: list[Sandbox]
     errors: list[ErrorBody] = Field(default_factory=list)
 
 
-class TimeoutUpdate(Model):
+class TimeoutUpdate(WireModel):
     timeout_s: float = Field(gt=0, le=MAX_TTL_S, description="new time to live, from now")
 
 
 # ---------------------------------------------------------------- exec
 
 
-class ExecRequest(Model):
+class ExecRequest(WireModel):
     cmd: str | list[str] = Field(description="a shell string (/bin/sh -c) or an argv list")
     cwd: str | None = None
     env: Env = Field(default_factory=dict)
     user: str | None = None
-    stdin: str | None = None
-    stdin_b64: str | None = None
+    stdin: str | None = Field(default=None, description="text for the command's stdin")
+    stdin_b64: str | None = Field(default=None, description="stdin bytes, base64 (or `stdin`)")
     timeout_s: float | None = Field(default=None, ge=0, le=MAX_TTL_S)
     max_output_bytes: int | None = Field(default=None, ge=1024, le=1 << 30)
     output_encoding: Encoding = "text"
@@ -166,8 +173,14 @@ class ExecRequest(Model):
             raise ValueError("cmd must not be empty")
         return v
 
+    @model_validator(mode="after")
+    def _one_stdin(self) -> ExecRequest:
+        if self.stdin is not None and self.stdin_b64 is not None:
+            raise ValueError("give stdin or stdin_b64, not both")
+        return self
 
-class ExecResult(Model):
+
+class ExecResult(WireModel):
     exit_code: int
     stdout: str
     stderr: str
@@ -181,7 +194,7 @@ class ExecResult(Model):
     signal: str | None = None
 
 
-class StreamEvent(Model):
+class StreamEvent(WireModel):
     """One NDJSON line of a streaming exec or a process follow."""
 
     model_config = ConfigDict(extra="allow")
@@ -206,7 +219,7 @@ class ProcessStart(ExecRequest):
     tag: str | None = Field(default=None, max_length=128)
 
 
-class ProcessInfo(Model):
+class ProcessInfo(WireModel):
     model_config = ConfigDict(extra="allow")
     id: str
     pid: int
@@ -216,6 +229,7 @@ class ProcessInfo(Model):
     status: Literal["running", "exited"]
     exit_code: int | None = None
     signal: str | None = None
+    timed_out: bool = False
     started_at: float
     ended_at: float | None = None
     stdout_bytes: int = 0
@@ -223,11 +237,11 @@ class ProcessInfo(Model):
     stdin_open: bool = False
 
 
-class ProcessList(Model):
+class ProcessList(WireModel):
     processes: list[ProcessInfo]
 
 
-class ProcessOutput(Model):
+class ProcessOutput(WireModel):
     stream: Literal["stdout", "stderr"]
     offset: int
     next_offset: int
@@ -237,18 +251,18 @@ class ProcessOutput(Model):
     dropped: bool = False
 
 
-class StdinWrite(Model):
+class StdinWrite(WireModel):
     data: str = ""
     encoding: Encoding = "text"
     close: bool = False
 
 
-class SignalRequest(Model):
+class SignalRequest(WireModel):
     signal: str | int = "TERM"
     group: bool = True
 
 
-class ResizeRequest(Model):
+class ResizeRequest(WireModel):
     rows: int = Field(ge=1, le=1000)
     cols: int = Field(ge=1, le=1000)
 
@@ -256,7 +270,7 @@ class ResizeRequest(Model):
 # ---------------------------------------------------------------- files
 
 
-class FileStat(Model):
+class FileStat(WireModel):
     path: str
     name: str
     type: Literal["file", "dir", "symlink", "other"]
@@ -266,29 +280,29 @@ class FileStat(Model):
     link_target: str | None = None
 
 
-class FileList(Model):
+class FileList(WireModel):
     path: str
     entries: list[FileStat]
 
 
-class MkdirRequest(Model):
+class MkdirRequest(WireModel):
     path: str
     mode: int = Field(default=0o755, ge=0, le=0o7777)
     parents: bool = True
 
 
-class RemoveRequest(Model):
+class RemoveRequest(WireModel):
     path: str
     recursive: bool = False
 
 
-class MoveRequest(Model):
+class MoveRequest(WireModel):
     src: str
     dst: str
     overwrite: bool = False
 
 
-class TarResult(Model):
+class TarResult(WireModel):
     files: int
     bytes: int
 
@@ -296,7 +310,16 @@ class TarResult(Model):
 # ---------------------------------------------------------------- service
 
 
-class Health(Model):
+class AgentHealth(WireModel):
+    """The agent's `GET /health` (open, no token): what the service polls for readiness."""
+
+    status: Literal["ok"]
+    version: str
+    uptime_s: float
+    pid: int
+
+
+class Health(WireModel):
     status: Literal["ok", "degraded"]
     version: str
     backend: str

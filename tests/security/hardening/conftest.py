@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from orchard.env.agent_client import AgentClient
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
+from orchard.env.server.agent_client import AgentClient
 from tests.backends.backend_harness import AnyBackend
 
 # The contract suite's fixtures, re-exported here for this folder's tests.

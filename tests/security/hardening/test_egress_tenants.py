@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.agent_client import AgentClient
 from orchard.env.backends.docker import DockerBackend
 from orchard.env.backends.local import LocalBackend
 from orchard.env.errors import EgressDenied
@@ -30,6 +29,7 @@ from orchard.env.network import (
     host_addresses,
     sandbox_rules,
 )
+from orchard.env.server.agent_client import AgentClient
 from tests.backends.backend_harness import TEST_LABELS, AnyBackend, Harness, owned
 from tests.backends.test_backend_contract import make_spec
 from tests.security.conftest import KEY_BOB, Service, assert_error, create

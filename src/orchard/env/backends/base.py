@@ -1,4 +1,4 @@
-"""The one small interface every backend implements (Docker now; Kubernetes and runc later).
+"""The one small interface every backend implements (docker, local runc, kubernetes).
 
 A backend owns the control plane only: create, delete, list, update, and where the
 sandbox's agent listens. The data path (service -> agent over HTTP with the
@@ -9,7 +9,7 @@ truth: a service that restarts rebuilds its whole view from `list()`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from orchard.env.models import NetworkPolicy
 
@@ -99,3 +99,14 @@ class Backend(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class OrphanCleaner(Protocol):
+    """Optional: a backend that also leaves host-side remains `list()` cannot see.
+
+    The service's reconcile calls it after its own pass (folders with no container, pods
+    stuck pending), with the ids it still knows; it returns the ids it removed.
+    """
+
+    async def remove_orphans(self, known: set[str]) -> list[str]: ...

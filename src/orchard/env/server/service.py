@@ -17,8 +17,7 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from orchard.env.agent_client import AgentClient
-from orchard.env.backends.base import Backend, SandboxRecord, SandboxSpec
+from orchard.env.backends.base import Backend, OrphanCleaner, SandboxRecord, SandboxSpec
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
     AgentUnavailable,
@@ -28,7 +27,6 @@ from orchard.env.errors import (
     SandboxExited,
     Unavailable,
 )
-from orchard.env.metrics import Metrics
 from orchard.env.models import (
     BatchCreateResult,
     ErrorBody,
@@ -38,6 +36,8 @@ from orchard.env.models import (
     SandboxCreate,
     SandboxStatus,
 )
+from orchard.env.server.agent_client import AgentClient
+from orchard.env.server.metrics import Metrics
 
 T = TypeVar("T")
 log = logging.getLogger("orchard.service")
@@ -142,7 +142,10 @@ class SandboxService:
             labels=rec.labels,
             network=rec.network,
             resources=Resources(
-                cpu=rec.cpu, memory_bytes=rec.memory_bytes, pids_limit=rec.pids_limit
+                cpu=rec.cpu,
+                memory_bytes=rec.memory_bytes,
+                pids_limit=rec.pids_limit,
+                disk_bytes=rec.disk_bytes,
             ),
             exit_code=rec.exit_code,
             error=rec.error,
@@ -218,6 +221,7 @@ class SandboxService:
             cpu=req.cpu,
             memory_bytes=parse_memory(req.memory),
             pids_limit=req.pids_limit,
+            disk_bytes=req.disk_bytes,
             idle_timeout_s=req.idle_timeout_s,
             network=req.network,
             labels=dict(req.labels),
@@ -459,17 +463,16 @@ class SandboxService:
                 removed[reason].append(rec.id)
         # Adopted sandboxes whose agent already answers are ready, not pending.
         await self._probe_pending([r for r in records if r.id not in self._inflight])
-        orphan_hook: Any = getattr(self.backend, "remove_orphans", None)
         jobs = [self._remove(i) for ids in removed.values() for i in ids]
         results = await asyncio.gather(*jobs, return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):
                 log.warning("reconcile: delete failed: %s", r)
-        if callable(orphan_hook):
+        if isinstance(self.backend, OrphanCleaner):
             # Host leftovers the backend cannot list as sandboxes (e.g. folders with no container).
             try:
-                extra = await orphan_hook(seen - {i for ids in removed.values() for i in ids})
-                removed["orphan"].extend(extra or [])
+                dropped = {i for ids in removed.values() for i in ids}
+                removed["orphan"].extend(await self.backend.remove_orphans(seen - dropped))
             except Exception:
                 log.exception("reconcile: orphan cleanup failed")
         for reason, ids in removed.items():

@@ -1,0 +1,63 @@
+"""How each registered backend is built from a `ServiceConfig` (see `BACKENDS`)."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchard.env.backends.base import Backend
+    from orchard.env.config import ServiceConfig
+
+
+def locate_agent_binary() -> Path:
+    """Find the orchard-agent binary: $ORCHARD_AGENT_BINARY, the package's copy, a source build."""
+    env = os.environ.get("ORCHARD_AGENT_BINARY")
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise FileNotFoundError(f"ORCHARD_AGENT_BINARY={env} does not exist")
+        return path
+    packaged = resources.files("orchard").joinpath("bin", "orchard-agent")
+    if packaged.is_file():
+        return Path(str(packaged))
+    # src/orchard/env/backends/factories.py -> the repository root holds build/orchard-agent.
+    built = Path(__file__).resolve().parents[4] / "build" / "orchard-agent"
+    if built.is_file():
+        return built
+    raise FileNotFoundError(
+        "orchard-agent binary not found: run `make agent` in the source checkout "
+        "(or set ORCHARD_AGENT_BINARY to its path)"
+    )
+
+
+def _agent_binary(config: ServiceConfig) -> Path:
+    return Path(config.agent_binary) if config.agent_binary else locate_agent_binary()
+
+
+def docker(config: ServiceConfig) -> Backend:
+    """A local Docker engine; the agent binary is bind-mounted into each container."""
+    from orchard.env.backends.docker import DockerBackend
+
+    return DockerBackend(config.state_dir, _agent_binary(config), **config.backend_options())
+
+
+def local(config: ServiceConfig) -> Backend:
+    """runc driven directly (root, no daemon)."""
+    from orchard.env.backends.local import LocalBackend
+
+    return LocalBackend(config.state_dir, _agent_binary(config), **config.backend_options())
+
+
+def kubernetes(config: ServiceConfig) -> Backend:
+    """Pods in a cluster; its settings come from ORCHARD_K8S_* (docs/kubernetes.md)."""
+    from orchard.env.backends.k8s_objects import KubernetesOptions
+    from orchard.env.backends.kubernetes import KubernetesBackend
+
+    opts = KubernetesOptions.from_env()
+    opts.extra_labels.update(
+        {k.replace("orchard.", "orchard.dev/", 1): v for k, v in config.extra_labels.items()}
+    )
+    return KubernetesBackend(opts, image_policy=config.image_policy)

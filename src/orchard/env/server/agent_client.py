@@ -1,0 +1,330 @@
+"""The service's client of one sandbox's agent (docs/agent-api.md): Unix socket or HTTP(S).
+
+One `AgentClient` per sandbox, over a keep-alive `AsyncPool` (orchard.env.http11), since
+the service makes many small calls. There is one generic path, not a method per route:
+`send` passes a request through and returns the agent's answer as it is (the relay's
+hot path, error answers included); `request` raises the agent's error as the typed
+error of `orchard.env.errors`; `stream` and `events` read an answer as it arrives. A
+failure to reach the agent, or to read its answer, is `AgentUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json as jsonlib
+import os
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, TypedDict, Unpack
+from urllib.parse import urlencode
+
+import httpx
+from pydantic import BaseModel
+
+from orchard.env.backends.base import AgentEndpoint
+from orchard.env.errors import (
+    AgentUnavailable,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Internal,
+    InvalidRequest,
+    NotFound,
+    OrchardError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    error_from_response,
+)
+from orchard.env.http11 import AsyncPool
+from orchard.env.http11.aio import Request
+from orchard.env.http11.framing import Answer
+from orchard.env.wire import NOT_FORWARDED
+
+Content = bytes | AsyncIterable[bytes]
+# Query strings as a proxy receives them: raw, or multi-valued pairs via httpx.QueryParams.
+Params = httpx.QueryParams | Mapping[str, Any] | str | None
+Headers = Mapping[str, str] | Sequence[tuple[str, str]] | None
+
+
+class Options(TypedDict, total=False):
+    """What a request may carry besides its method and path (see `AgentClient.send`)."""
+
+    params: Params
+    headers: Headers
+    content: Content | None
+    json: Any
+    length: int | None
+    timeout: httpx.Timeout | None
+
+
+# The agent closes a connection whose next request does not arrive within 30 s (its
+# ReadHeaderTimeout), so an idle connection is dropped well before that.
+IDLE_EXPIRY_S = 15.0
+# For streams and uploads: connect quickly, then wait as long as the data takes.
+STREAMING = httpx.Timeout(None, connect=10.0)
+# The relay's one list, plus Content-Length: the body is framed anew for this hop.
+_DROPPED = NOT_FORWARDED | {"content-length"}
+
+# Agent error codes -> our typed errors (the agent's own code is kept on the exception).
+_AGENT_CODES: dict[str, type[OrchardError]] = {
+    "bad_request": BadRequest,
+    "method_not_allowed": BadRequest,
+    "unauthorized": Unauthorized,
+    "forbidden": Forbidden,
+    "not_found": NotFound,
+    "conflict": Conflict,
+    "too_large": TooLarge,
+    "no_shell": InvalidRequest,
+    "exec_failed": InvalidRequest,
+    # Nothing listens on the proxied port (yet): transient from the caller's side.
+    "bad_gateway": Unavailable,
+    "internal": Internal,
+}
+
+
+def agent_error(status: int, body: Any) -> OrchardError:
+    """Turn an agent error response (or an NDJSON `error` line) into a typed error."""
+    code = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        code = body["error"].get("code")
+    cls = _AGENT_CODES.get(str(code))
+    if cls is None:
+        return error_from_response(status, body)
+    err = body["error"]
+    exc = cls(str(err.get("message", f"HTTP {status}")), details=err.get("details"))
+    if cls.code != code:
+        exc.code = str(code)  # type: ignore[misc]
+    return exc
+
+
+def error_of(status: int, raw: bytes) -> OrchardError:
+    """The typed error for an agent's error answer (its JSON body, or whatever it sent)."""
+    try:
+        body: Any = jsonlib.loads(raw)
+    except ValueError:
+        body = {"error": {"code": None, "message": raw.decode(errors="replace")[:500]}}
+    return agent_error(status, body)
+
+
+def read_timeout(timeout_s: float | None, margin: float = 30.0) -> httpx.Timeout:
+    """An HTTP timeout that outlives a command's own (none if the command has none)."""
+    read = None if not timeout_s else float(timeout_s) + margin
+    return httpx.Timeout(read, connect=10.0)
+
+
+class AgentClient:
+    """Talk to one sandbox's agent. Use as `async with AgentClient(...) as agent:`.
+
+    :param socket_path: the agent's Unix socket (Docker and local backends)
+    :param base_url: or its `http(s)://` URL (Kubernetes: the pod IP)
+    :param token: the sandbox's agent token (every route but /health needs it)
+    :param timeout: the read timeout of a call that names none
+    """
+
+    def __init__(
+        self,
+        *,
+        socket_path: str | os.PathLike[str] | None = None,
+        base_url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        max_connections: int = 64,
+    ) -> None:
+        if (socket_path is None) == (base_url is None):
+            raise ValueError("give exactly one of socket_path or base_url")
+        self.socket_path = os.fspath(socket_path) if socket_path is not None else None
+        self.base_url = base_url or "http://agent"
+        fixed = [("Host", httpx.URL(self.base_url).netloc.decode("ascii") or "agent")]
+        if token:
+            fixed.append(("Authorization", f"Bearer {token}"))
+        opts: dict[str, Any] = {
+            "headers": fixed,
+            "max_connections": max_connections,
+            "idle_expiry_s": IDLE_EXPIRY_S,
+        }
+        self._pool = (
+            AsyncPool(uds=self.socket_path, **opts)
+            if self.socket_path is not None
+            else AsyncPool.for_url(self.base_url, **opts)
+        )
+        self._timeout = httpx.Timeout(timeout, connect=10.0)
+
+    @classmethod
+    def for_endpoint(cls, endpoint: AgentEndpoint, token: str, **kw: Any) -> AgentClient:
+        """A client for where a backend says the sandbox's agent listens."""
+        if endpoint.socket_path:
+            return cls(socket_path=endpoint.socket_path, token=token, **kw)
+        return cls(base_url=endpoint.base_url, token=token, **kw)
+
+    async def __aenter__(self) -> AgentClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+    def _where(self) -> str:
+        return self.socket_path or self.base_url
+
+    def _unavailable(self, exc: httpx.TransportError) -> AgentUnavailable:
+        if isinstance(exc, httpx.TimeoutException):
+            return AgentUnavailable(
+                f"agent at {self._where()} did not answer in time ({type(exc).__name__})"
+            )
+        return AgentUnavailable(f"agent at {self._where()} is not reachable: {exc!r}")
+
+    # ------------------------------------------------------------ the generic path
+
+    async def send(
+        self, method: str, path: str, *, stream: bool = False, **opts: Unpack[Options]
+    ) -> httpx.Response:
+        """Send a request as given; the agent's answer comes back as it is (errors included).
+
+        :param method: the HTTP method
+        :param path: the agent route (already encoded), e.g. `/exec`
+        :param opts: `params` (the query: a mapping, multi-valued `httpx.QueryParams`, or a
+            string); `headers` (passed on, but for hop-by-hop ones and the caller's
+            credentials: the agent sees only its own token); `content` (bytes, or an async
+            stream: then `length`, if known, goes as Content-Length, else it is chunked) or
+            `json` (a pydantic model or plain data); `timeout` (default: this client's)
+        :param stream: leave the body unread (then `aclose()` the response)
+        :return: the agent's answer; only a failure to reach it raises (AgentUnavailable)
+        """
+        target, request = self._request(path, opts)
+        try:
+            return await self._pool.send(method, target, stream=stream, **request)
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
+
+    async def call(self, method: str, path: str, **opts: Unpack[Options]) -> Answer:
+        """As `send`, the answer read whole into a plain `Answer` (status, raw headers,
+        content): the relay's hot path, which passes the bytes on as they are."""
+        target, request = self._request(path, opts)
+        try:
+            return await self._pool.answer(method, target, **request)
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
+
+    def _request(self, path: str, opts: Options) -> tuple[str, Request]:
+        headers = _kept(opts.get("headers"))
+        content = opts.get("content")
+        if (body := opts.get("json")) is not None:
+            content = _json_bytes(body)
+            headers.append(("Content-Type", "application/json"))
+        query = _query(opts.get("params"))
+        return path + ("?" + query if query else ""), {
+            "headers": headers,
+            "body": content,
+            "length": opts.get("length"),
+            "timeout": opts.get("timeout") or self._timeout,
+        }
+
+    async def request(self, method: str, path: str, **opts: Unpack[Options]) -> httpx.Response:
+        """As `send`, read whole; an error answer raises as its typed error.
+
+        :return: the agent's (successful) answer
+        """
+        resp = await self.send(method, path, **opts)
+        if resp.status_code >= 400:
+            raise error_of(resp.status_code, resp.content)
+        return resp
+
+    @asynccontextmanager
+    async def stream(
+        self, method: str, path: str, **opts: Unpack[Options]
+    ) -> AsyncIterator[httpx.Response]:
+        """As `send`, with the body read as the caller iterates (`resp.aiter_raw()`).
+
+        No read timeout unless `timeout` says otherwise: streams may stay quiet for long.
+        A failure while reading raises AgentUnavailable.
+        """
+        if not opts.get("timeout"):
+            opts["timeout"] = STREAMING
+        resp = await self.send(method, path, stream=True, **opts)
+        try:
+            yield resp
+        except httpx.TransportError as e:
+            raise AgentUnavailable(f"agent at {self._where()} broke off a stream: {e!r}") from e
+        finally:
+            await resp.aclose()
+
+    async def events(
+        self, method: str, path: str, *, params: Params = None, json: Any = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """An NDJSON stream's events (exec/stream, follow); an error answer or line raises."""
+        async with self.stream(method, path, params=params, json=json) as resp:
+            if resp.status_code >= 400:
+                raise error_of(resp.status_code, await resp.aread())
+            async for line in resp.aiter_lines():
+                if not line.strip():
+                    continue
+                event: dict[str, Any] = jsonlib.loads(line)
+                if event.get("type") == "error":
+                    raise agent_error(422, {"error": event})
+                yield event
+
+    # ------------------------------------------------------------ readiness
+
+    async def health(self) -> dict[str, Any]:
+        """The agent's /health (needs no token).
+
+        :return: `{"status": "ok", "version", "uptime_s", "pid"}` (models.AgentHealth)
+        """
+        data: dict[str, Any] = (await self.request("GET", "/health")).json()
+        return data
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Poll /health until the agent answers; fast at first (2 ms), backing off to 100 ms.
+
+        :param timeout_s: give up after this long (AgentUnavailable)
+        :return: the first health answer
+        """
+        deadline = time.monotonic() + timeout_s
+        delay = 0.002
+        while True:
+            try:
+                return await self.health()
+            except AgentUnavailable as e:
+                if time.monotonic() + delay > deadline:
+                    raise AgentUnavailable(
+                        f"agent at {self._where()} not ready after {timeout_s:g} s: {e.message}"
+                    ) from e
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.1)
+
+
+def _json_bytes(body: Any) -> bytes:
+    if isinstance(body, BaseModel):
+        return body.model_dump_json(exclude_none=True).encode()
+    return jsonlib.dumps(body).encode()
+
+
+def _kept(headers: Headers) -> list[tuple[str, str]]:
+    items = headers.items() if isinstance(headers, Mapping) else (headers or [])
+    return [(k, v) for k, v in items if k.lower() not in _DROPPED]
+
+
+def _query(params: Params) -> str:
+    """Encode query parameters as httpx would (multi-valued pairs kept, booleans lower-case)."""
+    if not params:
+        return ""
+    if isinstance(params, str):
+        return params.lstrip("?")
+    multi = getattr(params, "multi_items", None)
+    items = multi() if callable(multi) else list(params.items())
+    return urlencode([(k, _query_value(v)) for k, v in items])
+
+
+def _query_value(v: Any) -> str:
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    return "" if v is None else str(v)

@@ -1,0 +1,55 @@
+"""The service as an ASGI app: routers, error handlers and middleware over `SandboxService`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from orchard._version import __version__
+from orchard.env.backends import Backend, make_backend
+from orchard.env.config import ServiceConfig
+from orchard.env.server.errors import install_error_handlers
+from orchard.env.server.metrics import Metrics
+from orchard.env.server.middleware import REDACT, ExecFastPath, JsonBodyLimit
+from orchard.env.server.routes import ROUTERS
+from orchard.env.server.service import SandboxService
+
+
+def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI:
+    """The service as an ASGI app; its lifespan starts the service and the reconcile loop."""
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Added here, after uvicorn configured its loggers (it is idempotent).
+        logging.getLogger("uvicorn.access").addFilter(REDACT)
+        try:
+            service = SandboxService(config, backend or make_backend(config), metrics)
+            await service.start()
+        except BaseException as e:
+            app.state.startup_error = e
+            raise
+        app.state.service = service
+        try:
+            yield
+        finally:
+            await service.stop(delete_created=app.state.delete_on_close)
+
+    app = FastAPI(
+        title="Orchard Env",
+        version=__version__,
+        description="Sandboxes for LLM agents (docs/rest-api.md).",
+        lifespan=lifespan,
+    )
+    app.state.config = config
+    app.state.delete_on_close = False
+    app.state.startup_error = None
+    install_error_handlers(app, metrics)
+    app.add_middleware(ExecFastPath, metrics=metrics)
+    app.add_middleware(JsonBodyLimit, metrics=metrics)  # outermost: bounds the fast path too
+    for router in ROUTERS:
+        app.include_router(router)
+    return app

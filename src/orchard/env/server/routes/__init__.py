@@ -1,0 +1,16 @@
+"""One router per resource; `ROUTERS` is what the app includes, in this order."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from orchard.env.server.routes import exec, files, health, ports, processes, sandboxes
+
+ROUTERS: tuple[APIRouter, ...] = (
+    sandboxes.router,
+    exec.router,
+    processes.router,
+    files.router,
+    ports.router,
+    health.router,
+)

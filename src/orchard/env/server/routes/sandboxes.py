@@ -1,0 +1,67 @@
+"""Sandboxes: create (one or a batch), list, get, delete, lifetime and egress policy."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from orchard.env.errors import InvalidRequest
+from orchard.env.models import (
+    BatchCreateResult,
+    NetworkPolicy,
+    Sandbox,
+    SandboxCreate,
+    SandboxList,
+    TimeoutUpdate,
+)
+from orchard.env.server.auth import Owner, Svc
+from orchard.env.server.routes._common import ERRORS, SB
+
+router = APIRouter(responses=ERRORS, tags=["sandboxes"])
+
+
+@router.post("/v1/sandboxes", status_code=201, response_model=Sandbox)
+async def create_sandbox(body: SandboxCreate, owner: Owner, svc: Svc) -> Sandbox:
+    if body.count != 1:
+        raise InvalidRequest("count must be 1 here; use POST /v1/sandboxes/batch")
+    return await svc.create(owner, body)
+
+
+@router.post("/v1/sandboxes/batch", status_code=201, response_model=BatchCreateResult)
+async def create_batch(body: SandboxCreate, owner: Owner, svc: Svc) -> BatchCreateResult:
+    return await svc.create_batch(owner, body)
+
+
+@router.get("/v1/sandboxes", response_model=SandboxList)
+async def list_sandboxes(
+    owner: Owner, svc: Svc, label: Annotated[list[str] | None, Query()] = None
+) -> SandboxList:
+    wanted: dict[str, str] = {}
+    for item in label or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise InvalidRequest(f"label filter must be key=value, got {item!r}")
+        wanted[k] = v
+    return SandboxList(sandboxes=await svc.list_sandboxes(owner, wanted))
+
+
+@router.get(SB, response_model=Sandbox)
+async def get_sandbox(sandbox_id: str, owner: Owner, svc: Svc) -> Sandbox:
+    return await svc.get(owner, sandbox_id)
+
+
+@router.delete(SB, status_code=204)
+async def delete_sandbox(sandbox_id: str, owner: Owner, svc: Svc) -> Response:
+    await svc.delete(owner, sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post(SB + "/timeout", response_model=Sandbox)
+async def set_timeout(sandbox_id: str, body: TimeoutUpdate, owner: Owner, svc: Svc) -> Sandbox:
+    return await svc.set_timeout(owner, sandbox_id, body.timeout_s)
+
+
+@router.put(SB + "/network", response_model=Sandbox)
+async def set_network(sandbox_id: str, body: NetworkPolicy, owner: Owner, svc: Svc) -> Sandbox:
+    return await svc.set_network(owner, sandbox_id, body)

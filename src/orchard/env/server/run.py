@@ -1,0 +1,131 @@
+"""Running the service: `serve` (the `orchard serve` command) and `EmbeddedService`.
+
+`EmbeddedService` is what `Orchard()` with no URL starts: the whole service in a thread of
+the caller's process, on a private Unix socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import uvicorn
+
+from orchard.env.backends import Backend
+from orchard.env.config import ServiceConfig
+from orchard.env.errors import Unavailable
+from orchard.env.server.app import create_app
+
+
+def unix_socket(path: str) -> socket.socket:
+    """Bind a Unix socket only its owner may use (uvicorn's own would be 0666)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(2048)
+    return sock
+
+
+def serve(
+    config: ServiceConfig,
+    host: str | None = "127.0.0.1",
+    port: int = 8080,
+    uds: str | None = None,
+    *,
+    log_level: str = "info",
+) -> None:
+    """Run the service until interrupted (`orchard serve`); refuses unsafe binds first."""
+    config.check_bind(None if uds else host, uds)
+    app = create_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host or "127.0.0.1",
+            port=port,
+            log_level=log_level,
+            server_header=False,
+            lifespan="on",  # a failed startup must stop the server, not serve without state
+        )
+    )
+    if uds:
+        server.run(sockets=[unix_socket(uds)])
+    else:
+        server.run()
+
+
+class EmbeddedService:
+    """The service in a background thread on a private Unix socket (the SDK's no-URL mode).
+
+    Auth is off unless `keep_api_keys` (the socket is 0600 in a 0700 temp folder); sandboxes
+    it created are deleted on close only when asked, so scripts may leave work running.
+    """
+
+    def __init__(
+        self,
+        config: ServiceConfig | None = None,
+        *,
+        backend: Backend | None = None,
+        delete_on_close: bool = False,
+        keep_api_keys: bool = False,
+        log_level: str = "warning",
+    ) -> None:
+        base = config or ServiceConfig.from_env()
+        self.config = base if keep_api_keys else replace(base, api_keys={})
+        self.delete_on_close = delete_on_close
+        self._dir = Path(tempfile.mkdtemp(prefix="orchard-"))
+        self.socket_path = str(self._dir / "orchard.sock")
+        self.base_url = "http://orchard"
+        self.app = create_app(self.config, backend)
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, log_level=log_level, lifespan="on", server_header=False)
+        )
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout_s: float = 30.0) -> EmbeddedService:
+        """Start serving on `socket_path`; returns self."""
+        sock = unix_socket(self.socket_path)
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
+            name="orchard-embedded",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                err = self.app.state.startup_error
+                self.stop()
+                raise Unavailable(f"embedded Orchard service did not start: {err or 'timeout'}")
+            time.sleep(0.005)
+        return self
+
+    def stop(self, delete_sandboxes: bool | None = None) -> None:
+        """Stop serving; delete this instance's sandboxes if asked (here or at init)."""
+        delete = self.delete_on_close if delete_sandboxes is None else delete_sandboxes
+        self.app.state.delete_on_close = delete
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            self._thread = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    close = stop
+
+    def __enter__(self) -> EmbeddedService:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
