@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+
 def leftover(tool: str) -> list[str]:
     """Ids of the containers an adapter made that are still there."""
     out = subprocess.run(
