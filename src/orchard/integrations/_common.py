@@ -36,3 +36,9 @@ async def adelete_labelled(
     for sb in sandboxes:
         await sb.delete(missing_ok=True)
     return len(sandboxes)
+
+
+def label_value(text: str, default: str = "x") -> str:
+    """`text` in the characters and length a label value allows (names, session ids)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
+    return safe[:63] or default

@@ -46,7 +46,7 @@ from orchard.env.errors import (
     SandboxExited,
     Unavailable,
 )
-from orchard.integrations._common import adelete_labelled, labels_for
+from orchard.integrations._common import adelete_labelled, label_value, labels_for
 
 __all__ = ["OrchardSandboxConfig", "OrchardSandboxEnvironment"]
 
@@ -192,7 +192,7 @@ class OrchardSandboxEnvironment(SandboxEnvironment):
             workdir=cfg.workdir,
             network=network,
             timeout_s=cfg.timeout_s,
-            labels=labels_for(TOOL, {**cfg.labels, "inspect-task": _label_value(task_name)}),
+            labels=labels_for(TOOL, {**cfg.labels, "inspect-task": label_value(task_name)}),
         )
         try:
             workdir = cfg.workdir or (await sb.exec(["pwd"])).stdout.strip() or "/"
@@ -315,9 +315,3 @@ class OrchardSandboxEnvironment(SandboxEnvironment):
         return SandboxConnection(
             type="orchard", command=f"{prefix}orchard sandbox shell {self.sandbox.id}"
         )
-
-
-def _label_value(text: str) -> str:
-    """Task names may hold characters labels refuse; keep a safe, bounded form."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
-    return safe[:63] or "task"
