@@ -8,21 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from inspect_ai import Task, eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ModelOutput, ModelUsage, get_model
+from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
+from inspect_ai.solver import Generate, TaskState, basic_agent, solver
+from inspect_ai.tool import bash
+from inspect_ai.util import sandbox
 
-inspect_ai = pytest.importorskip("inspect_ai")
-
-from inspect_ai import Task, eval  # noqa: E402
-from inspect_ai.dataset import Sample  # noqa: E402
-from inspect_ai.model import ModelOutput, ModelUsage, get_model  # noqa: E402
-from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer  # noqa: E402
-from inspect_ai.solver import Generate, TaskState, basic_agent, solver  # noqa: E402
-from inspect_ai.tool import bash  # noqa: E402
-from inspect_ai.util import sandbox  # noqa: E402
-
-from orchard import Orchard  # noqa: E402
-from orchard.integrations._common import labels_for  # noqa: E402
-from orchard.integrations.inspect import OrchardSandboxEnvironment  # noqa: E402
-from tests.integrations.conftest import leftover  # noqa: E402
+from orchard import Orchard
+from orchard.integrations._common import labels_for
+from orchard.integrations.inspect import OrchardSandboxEnvironment
+from tests.integrations.conftest import leftover
 
 pytestmark = pytest.mark.timeout(600)
 
