@@ -46,3 +46,18 @@ if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
   .venv/bin/pip install -q -e '.[dev]'
   touch .venv/.installed
 fi
+
+# Harbor (the Terminal-Bench 2 runner) needs Python >= 3.12; ours is 3.11. It gets its own
+# virtualenv with Orchard in it; tests/integrations/test_harbor.py runs Harbor from there.
+if [ ! -x .venv-harbor/bin/python ]; then
+  py312=$(ls -d "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.12*/bin/python 2>/dev/null | tail -1)
+  py312=${py312:-$(command -v python3.12 || true)}
+  [ -n "$py312" ] || { echo "setup: Harbor needs Python 3.12 (pyenv install 3.12)"; exit 1; }
+  echo "setup: creating .venv-harbor with $py312"
+  "$py312" -m venv .venv-harbor
+fi
+if [ ! -f .venv-harbor/.installed ] || [ pyproject.toml -nt .venv-harbor/.installed ]; then
+  echo "setup: installing harbor and orchard into .venv-harbor"
+  .venv-harbor/bin/pip install -q -e '.[server]' 'harbor>=0.26'
+  touch .venv-harbor/.installed
+fi

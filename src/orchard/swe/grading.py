@@ -41,6 +41,9 @@ from swebench.harness.grading import (  # type: ignore[import-untyped]
     get_resolution_status,
     parse_test_exit_code,
 )
+from swebench.harness.log_parsers.python import (  # type: ignore[import-untyped]
+    MAP_REPO_TO_PARSER_PY,
+)
 from swebench.harness.utils import (  # type: ignore[import-untyped]
     parse_eval_script,
     record_test_exit_code,
@@ -118,8 +121,29 @@ class GradeResult:
 # ---------------------------------------------------------------- scripts and logs
 
 
+class UngradableTask(ValueError):
+    """A classic SWE-bench row (no eval script) that the default pytest grading would misgrade."""
+
+    code = "ungradable_task"
+
+
+def check_gradable(task: Task) -> None:
+    """Refuse a row of a classic SWE-bench repo (django, sympy, astropy ...) that carries no
+    `eval_script` and no explicit `test_cmd`/`log_parser`: each of those repos has its own
+    test runner and log format, so a plain pytest command and parser would grade it wrongly.
+    """
+    explicit = {"eval_script", "test_cmd", "log_parser"} & task.model_fields_set
+    if task.repo in MAP_REPO_TO_PARSER_PY and not task.eval_script and not explicit:
+        raise UngradableTask(
+            f"{task.instance_id}: {task.repo} rows need their own test runner and log parser; "
+            "use the SWE-bench 5 rows, which carry `eval_script`, `log_parser` and `eval_type`, "
+            "or give the row an explicit `test_cmd` and `log_parser`"
+        )
+
+
 def eval_script(task: Task) -> str:
     """The bash script that runs the task's tests; the test exit code is echoed last."""
+    check_gradable(task)
     if task.eval_script:
         lines = record_test_exit_code(parse_eval_script(task.eval_script))
         return "\n".join(["#!/bin/bash", "set -uxo pipefail", *lines]) + "\n"
@@ -229,7 +253,11 @@ def grade(
     test_timeout_s: float = 1800,
     labels: dict[str, str] | None = None,
 ) -> GradeResult:
-    """Grade one prediction in a fresh sandbox (always deleted); write logs and report.json."""
+    """Grade one prediction in a fresh sandbox (always deleted); write logs and report.json.
+
+    :raises UngradableTask: for a classic SWE-bench row without an eval script.
+    """
+    check_gradable(task)
     start = time.monotonic()
     patch = prediction.model_patch
     run_log: list[str] = [f"instance {task.instance_id} image {task.image}"]

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+sed -i 's/name\[::-1\]/name/' /app/greet.py
