@@ -252,6 +252,8 @@ def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> 
     cpu = spec.cpu or opts.default_cpu
     memory = spec.memory_bytes or opts.default_memory_bytes
     args = ["--listen", f":{opts.agent_port}", "--spill-dir", f"{AGENT_DIR}/spill"]
+    if spec.user:  # the default user of execs and of `cmd`, as the other backends have
+        args += ["--user", spec.user]
     if spec.cmd:
         args += ["--", *spec.cmd]
     cpu_limit = spec.cpu or max(cpu, opts.default_cpu_limit or cpu)
