@@ -34,8 +34,11 @@ def serve(
 ) -> None:
     """Run the Orchard service (REST API) until interrupted."""
     from orchard.env.config import ConfigError, ServiceConfig
-    from orchard.env.server import serve as run_service
 
+    try:
+        from orchard.env.server import serve as run_service
+    except ModuleNotFoundError as exc:  # the SDK/CLI install without the server stack
+        fail("bad_request", f"the service needs {exc.name!r}: pip install 'orchard[server]'")
     try:
         config = ServiceConfig.from_env(backend=backend)
         run_service(config, host=host, port=port, uds=uds, log_level=log_level)
