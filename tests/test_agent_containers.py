@@ -274,7 +274,7 @@ async def test_port_proxy_refuses_dot_segments(container: Container) -> None:
     async with container.client() as agent:
         for tail in ["%2e%2e/%2e%2e/exec", "%2E./exec", "..%2fexec"]:
             path = f"/proxy/8000/{tail}"
-            resp = await agent.forward("POST", path, content=b'{"cmd": "id"}')
+            resp = await agent.send("POST", path, content=b'{"cmd": "id"}')
             assert resp.status_code == 400, (path, resp.text)
             assert resp.json()["error"]["code"] == "bad_request"
 

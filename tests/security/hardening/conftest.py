@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
-from orchard.env.server.agent_client import AgentClient
+from tests.agent_routes import TypedAgent
 from tests.backends.backend_harness import AnyBackend
 
 # The contract suite's fixtures, re-exported here for this folder's tests.
@@ -35,7 +35,7 @@ def web_cmd(text: str, port: int = PORT) -> list[str]:
 class Box:
     rec: SandboxRecord
     spec: SandboxSpec
-    agent: AgentClient
+    agent: TypedAgent
 
     async def sh(self, cmd: str, timeout_s: float = 10) -> tuple[int, str]:
         res = await self.agent.exec(cmd, timeout_s=timeout_s)
@@ -62,7 +62,7 @@ async def boxes(backend: AnyBackend, busybox_image: str) -> AsyncIterator[MakeBo
         spec = make_spec(kw.pop("image", busybox_image), **kw)
         rec = await backend.create(spec)
         assert rec.endpoint.socket_path
-        agent = AgentClient(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
+        agent = TypedAgent(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
         await agent.wait_ready(15)
         made.append(Box(rec, spec, agent))
         return made[-1]

@@ -29,7 +29,7 @@ from orchard.env.network import (
     host_addresses,
     sandbox_rules,
 )
-from orchard.env.server.agent_client import AgentClient
+from tests.agent_routes import TypedAgent
 from tests.backends.backend_harness import TEST_LABELS, AnyBackend, Harness, owned
 from tests.backends.test_backend_contract import make_spec
 from tests.security.conftest import KEY_BOB, Service, assert_error, create
@@ -130,7 +130,7 @@ async def test_no_sandbox_reaches_the_other_backends_sandboxes(
                 spec = make_spec(busybox_image, network=policy, cmd=cmd)
                 rec = await b.create(spec)
                 assert rec.endpoint.socket_path
-                agent = AgentClient(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
+                agent = TypedAgent(socket_path=rec.endpoint.socket_path, token=spec.agent_token)
                 await agent.wait_ready(15)
                 found.append(Box(rec, spec, agent))
         d_web, d_wide, l_web, l_wide = found
