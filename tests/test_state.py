@@ -3,6 +3,10 @@ snapshots, create-from-snapshot, fork, diffs, tenancy, clean-up (docs/state.md).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,3 +196,43 @@ def test_bad_snapshot_ids_and_exited_sources(service: EmbeddedService, busybox_i
             assert err.value.code in ("invalid_request", "not_found")
         with pytest.raises(NotFound):
             c.sandboxes.create(snapshot="snap-000000000000")
+
+
+def test_half_made_snapshot_left_by_a_crash_is_swept(
+    service: EmbeddedService, tmp_state_dir: Path
+) -> None:
+    """What a kill -9 mid-snapshot leaves (a folder, no complete meta) goes at reconcile."""
+    leftover = tmp_state_dir / "snapshots" / "snap-deadbeef0000"
+    (leftover / "layer" / "etc").mkdir(parents=True)
+    (leftover / "meta.json").write_text("{not json")
+    old = time.time() - 3600
+    os.utime(leftover, (old, old))
+    deadline = time.monotonic() + 20
+    while leftover.exists():
+        assert time.monotonic() < deadline, "crash leftover never swept"
+        time.sleep(0.3)
+
+
+def test_cli_pause_snapshot_fork_diff(service: EmbeddedService, busybox_image: str) -> None:
+    env = {**os.environ, "ORCHARD_URL": f"unix://{service.socket_path}", "ORCHARD_API_KEY": KEY_A}
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "orchard.cli", *args], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    sid = cli("sandbox", "create", busybox_image).strip()
+    assert json.loads(cli("sandbox", "pause", sid, "--json"))["status"] == "paused"
+    assert json.loads(cli("sandbox", "resume", sid, "--json"))["status"] == "ready"
+    cli("sandbox", "exec", sid, "--", "sh", "-c", "echo hi > /made")
+    assert json.loads(cli("sandbox", "diff", sid, "--json"))["added"] == ["/made"]
+    snap = json.loads(cli("sandbox", "snapshot", sid, "--name", "n", "--json"))["id"]
+    forked = json.loads(cli("sandbox", "fork", sid, "-n", "2", "--json"))
+    assert len(forked["sandboxes"]) == 2
+    copy = cli("sandbox", "create", "--snapshot", snap).strip()
+    assert "hi" in cli("sandbox", "exec", copy, "--", "cat", "/made")
+    listed = {s["id"] for s in json.loads(cli("snapshot", "ls", "--json"))}
+    assert {snap, forked["snapshot"]["id"]} <= listed
+    cli("snapshot", "rm", snap)
