@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 BENCH = Path(__file__).resolve().parent
-ALL = ("footprint", "exec", "create", "files", "stress", "gui")
+ALL = ("footprint", "exec", "create", "files", "stress", "gui", "state")
 FILES = {
     "footprint": "footprint",
     "exec": "exec_latency",
@@ -30,6 +30,7 @@ FILES = {
     "files": "files",
     "stress": "stress",
     "gui": "gui_bench",
+    "state": "state",
 }
 
 

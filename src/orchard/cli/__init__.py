@@ -20,6 +20,7 @@ from orchard.cli.claw import claw_app
 from orchard.cli.gui import gui_app
 from orchard.cli.sandbox import sandbox_app
 from orchard.cli.serve import serve_app
+from orchard.cli.state import snapshot_app
 from orchard.cli.swe import swe_app
 from orchard.cli.train import train_app
 from orchard.env.errors import OrchardError
@@ -43,6 +44,7 @@ app = typer.Typer(
 )
 app.add_typer(serve_app)  # `orchard serve`: a command of the root, not a group
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(swe_app, name="swe")
 app.add_typer(train_app, name="train")
 app.add_typer(claw_app, name="claw")

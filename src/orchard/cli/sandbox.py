@@ -47,7 +47,10 @@ sandbox_app = typer.Typer(
 )
 def create(
     ctx: typer.Context,
-    image: Annotated[str, typer.Argument(help="Any OCI image reference.")],
+    image: Annotated[str, typer.Argument(help="Any OCI image reference.")] = "",
+    snapshot: Annotated[
+        str | None, typer.Option(help="Start from this snapshot (its image and settings).")
+    ] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="How many.")] = 1,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
     label: Annotated[
@@ -96,6 +99,12 @@ def create(
             opts[key] = value  # type: ignore[literal-required]
     if cmd is not None:
         opts["cmd"] = shlex.split(cmd)
+    if snapshot:
+        opts["snapshot"] = snapshot
+        if egress == "none" and not allow:
+            del opts["network"]  # the snapshot's own, unless one is given
+        if not label:
+            del opts["labels"]
     with connect(ctx) as client:
         if count == 1:
             infos = [client.sandboxes.create(image, **opts).info]

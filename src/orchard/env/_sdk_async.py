@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
 import httpx
 
 from orchard.env import _sdk_core as core
+from orchard.env import _sdk_state as st
 from orchard.env import _sdk_sync as sync
 from orchard.env import models as m
+from orchard.env import state_models as sm
 from orchard.env._sdk_base import connect, port_url, send_async
 from orchard.env._sdk_core import CreateOptions, ExecOptions, FileData, ProcessOptions, RetryPolicy
 from orchard.env._sdk_sync import Egress, Stream
@@ -73,6 +75,7 @@ class AsyncOrchard:
         self._transport = transport or async_transport_for(self.target.base_url, self.target.uds)
         self._http: httpx.AsyncClient | None = None
         self.sandboxes = AsyncSandboxes(self)
+        self.snapshots = st.AsyncSnapshots(self)
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -158,7 +161,7 @@ class AsyncSandboxes:
     def __init__(self, client: AsyncOrchard) -> None:
         self._client = client
 
-    def create(self, image: str, **opts: Unpack[CreateOptions]) -> _PendingSandbox:
+    def create(self, image: str = "", **opts: Unpack[CreateOptions]) -> _PendingSandbox:
         """Start one sandbox: `await` it, or `async with` it to also delete it on exit.
 
         :param image: any OCI image reference (pulled if missing)
@@ -239,6 +242,13 @@ class AsyncBatch:
         await self.delete()
 
 
+@dataclass
+class AsyncFork(AsyncBatch):
+    """The outcome of `sb.fork(n)` (async)."""
+
+    snapshot: sm.Snapshot | None = None
+
+
 class AsyncSandbox:
     """One sandbox (async): the same names as `Sandbox`, awaited."""
 
@@ -275,6 +285,28 @@ class AsyncSandbox:
     async def set_timeout(self, timeout_s: float) -> m.Sandbox:
         self.info = await self._client._send(core.set_timeout(self.id, timeout_s))
         return self.info
+
+    @_twin(sync.Sandbox.pause)
+    async def pause(self) -> m.Sandbox:
+        self.info = await self._client._send(st.pause(self.id))
+        return self.info
+
+    @_twin(sync.Sandbox.resume)
+    async def resume(self) -> m.Sandbox:
+        self.info = await self._client._send(st.resume(self.id))
+        return self.info
+
+    @_twin(sync.Sandbox.snapshot)
+    async def snapshot(
+        self, name: str | None = None, *, timeout_s: float | None = None
+    ) -> sm.Snapshot:
+        return await self._client._send(st.snapshot(self.id, name, timeout_s))
+
+    @_twin(sync.Sandbox.fork)
+    async def fork(self, n: int = 1, **opts: Any) -> AsyncFork:
+        result = await self._client._send(st.fork(self.id, n, opts))
+        copies = [AsyncSandbox(self._client, s) for s in result.sandboxes]
+        return AsyncFork(copies, result.errors, result.snapshot)
 
     @_twin(sync.Sandbox.port_url)
     def port_url(self, port: int, path: str = "", *, with_key: bool = False) -> str:
@@ -416,6 +448,10 @@ class AsyncFiles:
     @_twin(sync.Files.move)
     async def move(self, src: str, dst: str, *, overwrite: bool = False) -> m.FileStat:
         return await self._send(core.move_file(self._sb.id, src, dst, overwrite))
+
+    @_twin(sync.Files.diff)
+    async def diff(self, since: str = "start") -> sm.FileDiff:
+        return await self._send(st.diff(self._sb.id, since))
 
     @_twin(sync.Files.upload_dir)
     async def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str) -> m.TarResult:

@@ -212,6 +212,7 @@ def _proc(sandbox_id: str, pid: str) -> str:
 
 
 class CreateOptions(TypedDict, total=False):
+    snapshot: str | None
     cmd: list[str] | None
     env: dict[str, str]
     workdir: str | None

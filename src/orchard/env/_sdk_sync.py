@@ -19,7 +19,9 @@ from typing import IO, TYPE_CHECKING, Any, Literal, Self, TypeVar, Unpack
 import httpx
 
 from orchard.env import _sdk_core as core
+from orchard.env import _sdk_state as st
 from orchard.env import models as m
+from orchard.env import state_models as sm
 from orchard.env._sdk_base import connect, port_url, send
 from orchard.env._sdk_core import CreateOptions, ExecOptions, FileData, ProcessOptions, RetryPolicy
 from orchard.env.errors import NotFound
@@ -73,6 +75,7 @@ class Orchard:
             transport=self._transport,
         )
         self.sandboxes = Sandboxes(self)
+        self.snapshots = st.Snapshots(self)
 
     def health(self) -> m.Health:
         """The service's health.
@@ -145,10 +148,11 @@ class Sandboxes:
     def __init__(self, client: Orchard) -> None:
         self._client = client
 
-    def create(self, image: str, **opts: Unpack[CreateOptions]) -> Sandbox:
+    def create(self, image: str = "", **opts: Unpack[CreateOptions]) -> Sandbox:
         """Start one sandbox; use it as a context manager to delete it on exit.
 
-        :param image: any OCI image reference (pulled if missing)
+        :param image: any OCI image reference (pulled if missing); or give `snapshot`
+            (an id) to start from a snapshot's files and settings, overriding any of them
         :param opts: `cmd`, `env`, `workdir`, `user`, `cpu`, `memory`, `pids_limit`,
             `timeout_s` (time to live), `idle_timeout_s`, `network`, `labels`, `wait`
             (answer once the agent is ready, default True)
@@ -220,6 +224,13 @@ class Batch:
         self.delete()
 
 
+@dataclass
+class Fork(Batch):
+    """The outcome of `sb.fork(n)`: the snapshot taken, and the sandboxes made from it."""
+
+    snapshot: sm.Snapshot | None = None
+
+
 class Sandbox:
     """One sandbox: `exec`, `process`, `files`, `network`, lifetime. A context manager."""
 
@@ -275,6 +286,44 @@ class Sandbox:
         """
         self.info = self._client._send(core.set_timeout(self.id, timeout_s))
         return self.info
+
+    def pause(self) -> m.Sandbox:
+        """Freeze every process (CPU stops, memory kept); exec, files and ports answer 409
+        `sandbox_paused` until `resume()`. Its time to live keeps running; its idle clock not.
+
+        :return: the new state (`paused`)
+        """
+        self.info = self._client._send(st.pause(self.id))
+        return self.info
+
+    def resume(self) -> m.Sandbox:
+        """Thaw a paused sandbox; its processes continue where they stopped.
+
+        :return: the new state (`ready`)
+        """
+        self.info = self._client._send(st.resume(self.id))
+        return self.info
+
+    def snapshot(self, name: str | None = None, *, timeout_s: float | None = None) -> sm.Snapshot:
+        """Keep the sandbox's filesystem changes and settings (not its processes).
+
+        :param name: a name for people
+        :param timeout_s: its time to live (default a day)
+        :return: the snapshot; `client.sandboxes.create(snapshot=id)` starts copies of it
+        """
+        return self._client._send(st.snapshot(self.id, name, timeout_s))
+
+    def fork(self, n: int = 1, **opts: Any) -> Fork:
+        """Snapshot this sandbox and start `n` copies of it, each isolated from the others.
+
+        :param n: how many (1 to 100)
+        :param opts: `timeout_s`, `env`, `labels`, `network` for the copies, `name` and
+            `snapshot_timeout_s` for the snapshot, `wait`
+        :return: the copies (a context manager deleting them), errors, and the snapshot
+        """
+        result = self._client._send(st.fork(self.id, n, opts))
+        copies = [Sandbox(self._client, s) for s in result.sandboxes]
+        return Fork(copies, result.errors, result.snapshot)
 
     def port_url(self, port: int, path: str = "", *, with_key: bool = False) -> str:
         """URL of a server listening on `port` inside the sandbox, through the service.
@@ -523,6 +572,15 @@ class Files:
         :return: the stat at `dst`
         """
         return self._send(core.move_file(self._sb.id, src, dst, overwrite))
+
+    def diff(self, since: str = "start") -> sm.FileDiff:
+        """What changed in the sandbox's filesystem: paths added, modified and deleted.
+
+        :param since: `start` (its creation), or the id of a snapshot of this sandbox or
+            of the snapshot it was made from
+        :return: the sorted paths of each kind (a rename is a delete and an add)
+        """
+        return self._send(st.diff(self._sb.id, since))
 
     def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str) -> m.TarResult:
         """Copy a local folder's contents into `remote_dir`, as a tar built while it is sent.

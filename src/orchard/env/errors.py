@@ -67,6 +67,12 @@ class Conflict(OrchardError):
     code, status = "conflict", 409
 
 
+class SandboxPaused(Conflict):
+    """A per-sandbox request (exec, files, ports) to a paused sandbox: resume it first."""
+
+    code = "sandbox_paused"
+
+
 class SandboxExited(OrchardError):
     code, status = "sandbox_exited", 410
 
@@ -89,6 +95,12 @@ class AdmissionDenied(Forbidden):
     """The platform's admission (e.g. Kubernetes Pod Security) refused what was asked."""
 
     code = "admission_denied"
+
+
+class NotSupported(OrchardError):
+    """The backend cannot do this at all (e.g. pause on kubernetes): docs/state.md says why."""
+
+    code, status = "not_supported", 501
 
 
 class Unavailable(OrchardError):
@@ -134,6 +146,7 @@ _BY_STATUS: dict[int, type[OrchardError]] = {
     413: TooLarge,
     422: InvalidRequest,
     429: RateLimited,
+    501: NotSupported,
     503: Unavailable,
 }
 

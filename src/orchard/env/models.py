@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from orchard.env.input_limits import MIN_CPU, MIN_DISK_BYTES, check_env, check_labels, parse_size
 
 Encoding = Literal["text", "base64"]
-SandboxStatus = Literal["pending", "ready", "exited", "failed"]
+SandboxStatus = Literal["pending", "ready", "paused", "exited", "failed"]
 
 # Upper bounds that keep one request from asking for something absurd.
 MAX_TTL_S = 7 * 24 * 3600
@@ -73,7 +73,14 @@ class NetworkPolicy(WireModel):
 
 
 class SandboxCreate(WireModel):
-    image: str = Field(min_length=1, max_length=512, description="any OCI image reference")
+    image: str = Field(
+        default="", max_length=512, description="any OCI image reference (or give `snapshot`)"
+    )
+    snapshot: str | None = Field(
+        default=None,
+        max_length=64,
+        description="start from this snapshot: its image, files and settings, unless overridden",
+    )
     cmd: list[str] | None = Field(
         default=None,
         description="run this (or, with [], the image's own entrypoint+cmd) under the agent",
@@ -103,6 +110,12 @@ class SandboxCreate(WireModel):
             if not k or "\x00" in k or "\x00" in val or "=" in k:
                 raise ValueError(f"invalid key or value: {k[:40]!r}")
         return v
+
+    @model_validator(mode="after")
+    def _image_or_snapshot(self) -> SandboxCreate:
+        if not self.image and not self.snapshot:
+            raise ValueError("give an image (or a snapshot to start from)")
+        return self
 
     @field_validator("disk")
     @classmethod

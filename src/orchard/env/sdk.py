@@ -17,6 +17,7 @@ from __future__ import annotations
 from orchard.env._sdk_async import (
     AsyncBatch,
     AsyncFiles,
+    AsyncFork,
     AsyncNetwork,
     AsyncOrchard,
     AsyncProcesses,
@@ -25,23 +26,37 @@ from orchard.env._sdk_async import (
 )
 from orchard.env._sdk_base import embedded_service
 from orchard.env._sdk_core import RetryPolicy
-from orchard.env._sdk_sync import Batch, Files, Network, Orchard, Processes, Sandbox, Sandboxes
+from orchard.env._sdk_state import AsyncSnapshots, Snapshots
+from orchard.env._sdk_sync import (
+    Batch,
+    Files,
+    Fork,
+    Network,
+    Orchard,
+    Processes,
+    Sandbox,
+    Sandboxes,
+)
 
 __all__ = [
     "AsyncBatch",
     "AsyncFiles",
+    "AsyncFork",
     "AsyncNetwork",
     "AsyncOrchard",
     "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSandboxes",
+    "AsyncSnapshots",
     "Batch",
     "Files",
+    "Fork",
     "Network",
     "Orchard",
     "Processes",
     "RetryPolicy",
     "Sandbox",
     "Sandboxes",
+    "Snapshots",
     "embedded_service",
 ]

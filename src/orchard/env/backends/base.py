@@ -13,7 +13,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from orchard.env.models import NetworkPolicy
 
-BackendState = Literal["pending", "running", "exited", "failed"]
+BackendState = Literal["pending", "running", "paused", "exited", "failed"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class SandboxSpec:
     idle_timeout_s: float | None = None
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
     labels: dict[str, str] = field(default_factory=dict)
+    # Start from this snapshot's files (backends/state_base.py); the service checked its owner.
+    snapshot_id: str | None = None
 
 
 @dataclass

@@ -42,6 +42,7 @@ from orchard.env.backends import agent_socket
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.docker_images import DockerImages, ImageInfo, engine
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
+from orchard.env.backends.state_docker import DockerState
 from orchard.env.config import load_secret
 from orchard.env.errors import (
     Conflict,
@@ -114,17 +115,27 @@ def _disk_support(info: Mapping[str, Any]) -> str:
     return f"storage driver {driver or '?'} on {backing or '?'} has no per-container quota"
 
 
+def _user_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    found = {k[len(USER_LABEL) :]: v for k, v in labels.items() if k.startswith(USER_LABEL)}
+    if "orchard.label_keys" in labels:
+        keys = set(json.loads(labels["orchard.label_keys"]))
+        found = {k: v for k, v in found.items() if k in keys}
+    return found
+
+
 def _state(status: str) -> BackendState:
     if status == "created":
         return "pending"
-    if status in ("running", "paused", "restarting"):
+    if status == "paused":
+        return "paused"
+    if status in ("running", "restarting"):
         return "running"
     if status == "dead":
         return "failed"
     return "exited"
 
 
-class DockerBackend(HostFolders):
+class DockerBackend(DockerState, HostFolders):
     """The Backend protocol on a Docker (or Podman) engine; see the module docstring."""
 
     name = "docker"
@@ -281,6 +292,9 @@ class DockerBackend(HostFolders):
             }
         )
         labels.update({USER_LABEL + k: v for k, v in spec.labels.items()})
+        # Which user labels are this sandbox's: one made from a snapshot inherits the
+        # source's as image labels, and the engine cannot drop those.
+        labels["orchard.label_keys"] = json.dumps(sorted(spec.labels))
         return labels
 
     def _config(self, spec: SandboxSpec, image: ImageInfo, labels: dict[str, str]) -> Any:
@@ -358,7 +372,7 @@ class DockerBackend(HostFolders):
         await self._check_disk(spec)
         egress = spec.network.egress
         allow = await self._allow(spec.network)
-        image = await self.images.get(spec.image)
+        image = await self._image_for(spec)
         if egress != "none":
             await self._ensure_network()
         box = self._box(spec.id)
@@ -435,7 +449,7 @@ class DockerBackend(HostFolders):
             endpoint=self._endpoint(sid),
             idle_timeout_s=_float(labels.get("orchard.idle_timeout_s")),
             network=network,
-            labels={k[len(USER_LABEL) :]: v for k, v in labels.items() if k.startswith(USER_LABEL)},
+            labels=_user_labels(labels),
             cpu=_float(labels.get("orchard.cpu")),
             memory_bytes=_int(labels.get("orchard.memory")),
             pids_limit=_int(labels.get("orchard.pids")),

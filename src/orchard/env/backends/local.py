@@ -45,6 +45,7 @@ from orchard.env.backends.local_net import LOCAL_BRIDGE, LocalNetwork
 from orchard.env.backends.mount_ns import MOUNT_FAILED, RootfsMounts, umount
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
+from orchard.env.backends.state_local import SCRATCH_MOUNT, LocalState
 from orchard.env.errors import Conflict, InvalidRequest, NotFound, SandboxExited, Unavailable
 from orchard.env.image_policy import ImagePolicy
 from orchard.env.models import NetworkPolicy
@@ -91,7 +92,7 @@ class _Watch:
     exit_code: int | None = None
 
 
-class LocalBackend(HostFolders):
+class LocalBackend(LocalState, HostFolders):
     """The Backend protocol on runc; see the module docstring."""
 
     name = "local"
@@ -267,18 +268,21 @@ class LocalBackend(HostFolders):
         (etc / "resolv.conf").write_text("".join(f"nameserver {s}\n" for s in servers))
         return [(str(etc / n), f"/etc/{n}", False) for n in ("hostname", "hosts", "resolv.conf")]
 
-    def _rootfs_mounts(self, box: Path, image: LocalImage, disk: int | None) -> RootfsMounts:
+    def _rootfs_mounts(
+        self, box: Path, image: LocalImage, disk: int | None, layers: list[str]
+    ) -> RootfsMounts:
         """The mount points on disk; the mounts themselves are made in runc's namespace."""
         (box / "scratch").mkdir()
         (box / "rootfs").mkdir()
-        return RootfsMounts(image.rootfs, box / "scratch", box / "rootfs", disk)
+        layer_dirs = self._layer_dirs(layers)
+        return RootfsMounts(image.rootfs, box / "scratch", box / "rootfs", disk, layer_dirs)
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
         await self._recover()
         self._check_spec(spec)
         egress = spec.network.egress
         allow = await self._allow(spec.network)
-        image = await self.images.resolve(spec.image)
+        image, layers = await self._image_for(spec)
         if egress != "none":
             await self.network.ensure()
         box = self._box(spec.id)
@@ -290,13 +294,16 @@ class LocalBackend(HostFolders):
             box.chmod(0o700)
             ip = self.network.allocate() if egress != "none" else None
             meta = self._meta(spec, image, ip)
+            meta.update(layers=layers, lower=str(image.rootfs))
             self._write_meta(spec.id, meta)
             binds = [
                 (str(self.agent_binary), AGENT_PATH, True),
                 (str(box / "run"), RUN_DIR, False),
                 *self._etc_files(box, spec.id, ip),
             ]
-            mounts = self._rootfs_mounts(box, image, meta["disk"])
+            if meta["disk"]:  # the upper on its tmpfs, for snapshots and diffs (state_local)
+                binds.append((str(box / "scratch"), SCRATCH_MOUNT, True))
+            mounts = self._rootfs_mounts(box, image, meta["disk"], layers)
             config = runtime_spec(self._spec_input(spec, image, meta, box, binds))
             (box / "config.json").write_text(json.dumps(config))
             pid_file = box / "init.pid"
@@ -396,7 +403,7 @@ class LocalBackend(HostFolders):
         if "pid" not in meta:
             state = "pending"
         elif self._alive(sid, meta):
-            state = "running"
+            state = "paused" if meta.get("paused") else "running"
             agent_socket.repin(self._box(sid))  # a create cut short before pinning (adoption)
         else:
             state = "exited"
@@ -512,6 +519,7 @@ class LocalBackend(HostFolders):
         box = self._box(sandbox_id)
         meta = self._read_meta(sandbox_id)
         if meta is not None:
+            await self._thaw_for_delete(sandbox_id, meta)
             await self._kill(sandbox_id, meta)
         if (self.runc_root / sandbox_id).exists():
             rc, out = await self._runc("delete", "--force", sandbox_id)
@@ -532,6 +540,8 @@ class LocalBackend(HostFolders):
         umount(box / "rootfs")  # only sandboxes made before mount_ns have host mounts
         umount(box / "scratch")
         await asyncio.to_thread(shutil.rmtree, box, True)
+        if meta and meta.get("layers"):
+            await asyncio.to_thread(self.sweep_snapshots)
 
     @staticmethod
     def _remove_cgroups(sandbox_id: str) -> None:

@@ -52,6 +52,8 @@ class RootfsMounts:
     scratch: Path
     rootfs: Path
     tmpfs_bytes: int | None = None
+    # Snapshot layers (top first) between the upper and the image: backends/state_local.py.
+    layers: tuple[Path, ...] = ()
 
     def make(self) -> None:
         """Mount the (optional) tmpfs under the writable layer, then the overlay."""
@@ -60,12 +62,9 @@ class RootfsMounts:
         upper, work = self.scratch / "upper", self.scratch / "work"
         upper.mkdir(exist_ok=True)
         work.mkdir(exist_ok=True)
-        mount(
-            "overlay",
-            self.rootfs,
-            "overlay",
-            f"lowerdir={self.lower},upperdir={upper},workdir={work}",
-        )
+        lower = ":".join(map(str, (*self.layers, self.lower)))
+        data = f"lowerdir={lower},upperdir={upper},workdir={work}"
+        mount("overlay", self.rootfs, "overlay", data)
 
     def preexec(self) -> Callable[[], None]:
         """For Popen(preexec_fn=): a private namespace holding the mounts, in the child only.

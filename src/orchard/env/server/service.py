@@ -25,6 +25,7 @@ from orchard.env.errors import (
     NotFound,
     OrchardError,
     SandboxExited,
+    SandboxPaused,
     Unavailable,
 )
 from orchard.env.models import (
@@ -38,6 +39,7 @@ from orchard.env.models import (
 )
 from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.metrics import Metrics
+from orchard.env.server.state import expire_snapshots, paused_error, spec_from_snapshot
 
 T = TypeVar("T")
 log = logging.getLogger("orchard.service")
@@ -203,7 +205,7 @@ class SandboxService:
 
     # ------------------------------------------------------------ create / delete
 
-    def _spec(self, owner: str, req: SandboxCreate) -> SandboxSpec:
+    def build_spec(self, owner: str, req: SandboxCreate) -> SandboxSpec:
         bad = [k for k in req.labels if k.startswith(RESERVED_LABEL_PREFIX)]
         if bad:
             raise InvalidRequest(f"label keys starting with 'orchard.' are reserved: {bad}")
@@ -229,7 +231,10 @@ class SandboxService:
 
     async def create(self, owner: str, req: SandboxCreate) -> Sandbox:
         try:
-            spec = self._spec(owner, req)
+            if req.snapshot:
+                spec = await spec_from_snapshot(self, owner, req)
+            else:
+                spec = self.build_spec(owner, req)
             sandbox = await self._create(spec, wait=req.wait)
         except OrchardError as e:
             self.metrics.creates.labels(e.code).inc()
@@ -391,8 +396,22 @@ class SandboxService:
             )
         return conn
 
+    def remember(self, rec: SandboxRecord) -> None:
+        self._records[rec.id] = rec
+
+    async def live_or_paused(self, owner: str, sandbox_id: str) -> SandboxRecord:
+        """The caller's sandbox, fresh from the backend, unless it exited (410)."""
+        try:
+            return await self._live(owner, sandbox_id, fresh=True)
+        except SandboxPaused:
+            return self._records[sandbox_id]
+
     async def _live(self, owner: str, sandbox_id: str, *, fresh: bool = False) -> SandboxRecord:
         rec = await self._lookup(owner, sandbox_id, fresh=fresh)
+        if rec.state == "paused" and not fresh:
+            rec = await self._lookup(owner, sandbox_id, fresh=True)  # resumed elsewhere?
+        if rec.state == "paused":
+            raise paused_error(sandbox_id)
         if rec.state in ("exited", "failed") and not fresh:
             # The cache may be stale (e.g. the expiry was raised elsewhere); ask once more.
             rec = await self._lookup(owner, sandbox_id, fresh=True)
@@ -475,6 +494,12 @@ class SandboxService:
                 removed["orphan"].extend(await self.backend.remove_orphans(seen - dropped))
             except Exception:
                 log.exception("reconcile: orphan cleanup failed")
+        try:
+            expired = await expire_snapshots(self)
+            if expired:
+                log.info("reconcile removed %d expired snapshots: %s", len(expired), expired)
+        except Exception:
+            log.exception("reconcile: snapshot expiry failed")
         for reason, ids in removed.items():
             if ids:
                 self.metrics.reconciles.labels(reason).inc(len(ids))
@@ -494,7 +519,7 @@ class SandboxService:
             return "orphan"
         if rec.expires_at <= now:
             return "expired"
-        if rec.idle_timeout_s:
+        if rec.idle_timeout_s and rec.state != "paused":  # no idle clock while paused
             last = max(self._activity.get(rec.id, 0.0), self.started_at, rec.created_at)
             if now - last >= rec.idle_timeout_s:
                 return "idle"

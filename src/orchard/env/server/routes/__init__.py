@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from orchard.env.server.routes import exec, files, health, ports, processes, sandboxes
+from orchard.env.server.routes import exec, files, health, ports, processes, sandboxes, state
 
 ROUTERS: tuple[APIRouter, ...] = (
     sandboxes.router,
+    state.router,
     exec.router,
     processes.router,
     files.router,

@@ -1,0 +1,129 @@
+"""Sandbox state: fork x8 vs 8 creates + set-up, pause/resume latency, snapshot size.
+
+A "prepared SWE sample": a repository-like tree (2,000 small files, a 20 MiB blob, a
+`git init` where git exists) written by a set-up step. Fork = one snapshot + 8 sandboxes
+from it; the peer is 8 fresh creates that each run the set-up. Per backend (docker,
+local), each in its own in-process service.
+
+    .venv/bin/python bench/state.py [--backends docker,local] [--n 8] [--rounds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+
+from orchard import Orchard
+from orchard.env.config import ServiceConfig
+from orchard.env.images import busybox_image
+
+SETUP = (
+    "mkdir -p /repo/src && cd /repo && "
+    'for i in $(seq 2000); do echo "line $i" > src/f$i.py; done && '
+    "dd if=/dev/urandom of=/repo/blob bs=1M count=20 2>/dev/null && sync"
+)
+
+
+def _client(backend: str, state: Path) -> Orchard:
+    cfg = ServiceConfig(
+        state_dir=state,
+        backend=backend,
+        agent_binary=str(common.agent_binary()),
+        extra_labels={common.BENCH_LABEL: common.RUN_ID},
+    )
+    return Orchard(service_config=cfg)
+
+
+def _bench(backend: str, image: str, n: int, rounds: int) -> dict[str, Any]:
+    state = Path(tempfile.mkdtemp(prefix="ob-"))
+    with _client(backend, state) as c:
+        src = c.sandboxes.create(image)
+        src.exec(SETUP)
+        t0 = time.perf_counter()
+        with src.fork(n) as forks:
+            fork_s = time.perf_counter() - t0
+            assert len(forks) == n, forks.errors
+            snap = forks.snapshot
+        assert snap is not None
+
+        def fresh() -> None:
+            with c.sandboxes.create(image) as sb:
+                sb.exec(SETUP)
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(lambda _: fresh(), range(n)))
+        create_s = time.perf_counter() - t0
+        pause, resume = [], []
+        src.process.start("while true; do :; done")
+        for _ in range(rounds):
+            with common.timer(pause):
+                src.pause()
+            with common.timer(resume):
+                src.resume()
+        src.delete()
+        c.snapshots.delete(snap.id)
+    image_bytes = int(
+        subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{.Size}}", image], capture_output=True, text=True
+        ).stdout.strip()
+        or 0
+    )
+    return {
+        "fork_s": fork_s,
+        "create_setup_s": create_s,
+        "speedup": create_s / fork_s,
+        "pause": common.summarize(pause),
+        "resume": common.summarize(resume),
+        "snapshot_mib": snap.size_bytes / (1 << 20),
+        "image_mib": image_bytes / (1 << 20),
+    }
+
+
+def main(cleanup: common.Cleanup) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--backends", default="docker,local")
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    image = busybox_image()
+    results = {
+        b: _bench(b, image, args.n, 5 if args.quick else args.rounds)
+        for b in args.backends.split(",")
+    }
+    rows = [
+        [
+            b,
+            f"{r['fork_s']:.2f} s",
+            f"{r['create_setup_s']:.2f} s",
+            f"{r['speedup']:.1f}x",
+            f"{r['pause']['p50_ms']:.1f} / {r['resume']['p50_ms']:.1f} ms",
+            f"{r['snapshot_mib']:.1f} / {r['image_mib']:.1f} MiB",
+        ]
+        for b, r in results.items()
+    ]
+    headers = [
+        "backend",
+        f"fork x{args.n}",
+        f"{args.n} creates + set-up",
+        "speed-up",
+        "pause / resume p50",
+        "snapshot / image",
+    ]
+    print(common.table("Sandbox state", headers, rows))
+    common.write_json("state", {"machine": common.machine(), "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    common.run(main)

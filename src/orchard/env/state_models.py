@@ -1,0 +1,90 @@
+"""Wire models of sandbox state (docs/state.md): snapshots, fork, file diffs.
+
+Kept apart from `models.py` so the state routes and their SDK calls read in one place;
+`SandboxCreate.snapshot` and the `paused` status live in `models.py` with the rest.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from orchard.env.models import (
+    MAX_TTL_S,
+    ErrorBody,
+    Labels,
+    NetworkPolicy,
+    Sandbox,
+    WireModel,
+)
+from orchard.env.models import Env as Env
+
+# A day: long enough for a GRPO step's groups, short enough that forgotten ones go.
+DEFAULT_SNAPSHOT_TTL_S = 24 * 3600.0
+MAX_FORK = 100
+
+
+class SnapshotCreate(WireModel):
+    name: str | None = Field(default=None, max_length=128)
+    timeout_s: float = Field(
+        default=DEFAULT_SNAPSHOT_TTL_S, gt=0, le=MAX_TTL_S, description="time to live"
+    )
+
+
+class SnapshotSettings(WireModel):
+    """What a sandbox made from the snapshot gets unless the create overrides it."""
+
+    image: str
+    cpu: float | None = None
+    memory_bytes: int | None = None
+    pids_limit: int | None = None
+    disk_bytes: int | None = None
+    idle_timeout_s: float | None = None
+    user: str | None = None
+    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class Snapshot(WireModel):
+    id: str
+    name: str | None = None
+    source: str = Field(description="the sandbox it was taken of")
+    image: str
+    created_at: datetime
+    expires_at: datetime
+    size_bytes: int = Field(description="bytes its files take beyond the image")
+    memory: bool = Field(default=False, description="whether processes and memory are kept")
+    settings: SnapshotSettings
+
+
+class SnapshotList(WireModel):
+    snapshots: list[Snapshot]
+
+
+class ForkRequest(WireModel):
+    count: int = Field(default=1, ge=1, le=MAX_FORK)
+    name: str | None = Field(default=None, max_length=128)
+    snapshot_timeout_s: float = Field(default=DEFAULT_SNAPSHOT_TTL_S, gt=0, le=MAX_TTL_S)
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
+    env: Env = Field(default_factory=dict)
+    labels: Labels | None = None
+    network: NetworkPolicy | None = None
+    wait: bool = True
+
+
+class ForkResult(WireModel):
+    snapshot: Snapshot
+    sandboxes: list[Sandbox]
+    errors: list[ErrorBody] = Field(default_factory=list)
+
+
+ChangeKind = Literal["added", "modified", "deleted"]
+
+
+class FileDiff(WireModel):
+    since: str = Field(description="`start` or the snapshot id compared with")
+    added: list[str] = Field(default_factory=list)
+    modified: list[str] = Field(default_factory=list)
+    deleted: list[str] = Field(default_factory=list)
