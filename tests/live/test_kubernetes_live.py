@@ -124,7 +124,10 @@ async def test_objects_are_accepted_by_the_api_server(cluster: AsyncClient, imag
     bodies = [objs.build_pod(sp, opts, time.time()), objs.build_baseline_policy(opts)]
     for policy, allow in [
         (NetworkPolicy(egress="all"), ResolvedAllow((), False)),
-        (NetworkPolicy(egress="allow", allow=["10.0.0.0/8"]), ResolvedAllow(("10.0.0.0/8",), True)),
+        (
+            NetworkPolicy(egress="allow", allow=["203.0.113.0/24"]),
+            ResolvedAllow(("203.0.113.0/24",), True),
+        ),
     ]:
         body = objs.build_network_policy("sb-dryrun", policy, allow, opts)
         assert body is not None
@@ -147,7 +150,7 @@ async def test_lifecycle_exec_files_network_expiry(
         assert await agent.read_file("/tmp/x") == b"data"
         for policy in (
             NetworkPolicy(egress="all"),
-            NetworkPolicy(egress="allow", allow=["10.0.0.0/8"]),
+            NetworkPolicy(egress="allow", allow=["203.0.113.0/24"]),
             NetworkPolicy(),
         ):
             assert (await svc.set_network("alice", sb.id, policy)).network == policy
