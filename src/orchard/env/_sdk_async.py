@@ -90,6 +90,10 @@ class AsyncOrchard:
     async def health(self) -> m.Health:
         return await self._send(core.health())
 
+    @_twin(sync.Orchard.usage)
+    async def usage(self) -> m.Usage:
+        return await self._send(core.usage())
+
     @_twin(sync.Orchard.close)
     async def close(self) -> None:
         if self._http is not None:

@@ -282,6 +282,10 @@ def health() -> Call[m.Health]:
     return Call("GET", "/healthz", _model(m.Health), idempotent=True)
 
 
+def usage() -> Call[m.Usage]:
+    return Call("GET", "/v1/usage", _model(m.Usage), idempotent=True)
+
+
 def get_sandbox(sandbox_id: str) -> Call[m.Sandbox]:
     return Call("GET", sandbox_path(sandbox_id), _model(m.Sandbox), idempotent=True)
 

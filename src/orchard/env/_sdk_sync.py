@@ -81,6 +81,13 @@ class Orchard:
         """
         return self._send(core.health())
 
+    def usage(self) -> m.Usage:
+        """What this key holds now against its limits (`GET /v1/usage`).
+
+        :return: sandboxes (incl. creating), cpu and memory summed over running ones, limits
+        """
+        return self._send(core.usage())
+
     def close(self) -> None:
         """Close the connections, and stop the in-process service if this client started it."""
         self.http.close()  # closes the transport too

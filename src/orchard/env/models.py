@@ -322,5 +322,17 @@ class AgentHealth(WireModel):
 class Health(WireModel):
     status: Literal["ok", "degraded"]
     version: str
-    backend: str
-    sandboxes: int
+    # Only with a valid API key (counts are not for anyone who can reach the port).
+    backend: str | None = None
+    sandboxes: int | None = None
+
+
+class Usage(WireModel):
+    """What the caller's key holds now against its limits (`GET /v1/usage`)."""
+
+    owner: str
+    sandboxes: int = Field(description="sandboxes that exist, any state, incl. creating")
+    creating: int = Field(description="creates in flight")
+    cpu: float = Field(description="cores, summed over running sandboxes")
+    memory_bytes: int = Field(description="memory limits, summed over running sandboxes")
+    limits: dict[str, float | int | None] = Field(description="the key's limits; null: none")
