@@ -48,6 +48,9 @@ _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECAS
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Beyond any machine, and within the engine's int64 (2**70 came back as a Docker 500).
 MAX_MEMORY_BYTES = 1 << 50
+# How long a cancelled create (client gone, SIGTERM) lets its backend call finish so that
+# what it made can be removed; within the 10 s a stopping service has.
+CANCEL_GRACE_S = 4.0
 
 
 def parse_memory(value: str | int | None) -> int | None:
@@ -402,6 +405,10 @@ class SandboxService:
         try:
             done, _ = await asyncio.wait({task}, timeout=self.config.create_timeout_s)
         except asyncio.CancelledError:
+            # Let a call under way finish first (briefly): cut off mid-way, the engine may
+            # still make what it was asked for once nobody listens, and nobody removes it.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
             task.cancel()
             raise
         if not done:
