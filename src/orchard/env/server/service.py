@@ -51,6 +51,8 @@ MAX_MEMORY_BYTES = 1 << 50
 # How long a cancelled create (client gone, SIGTERM) lets its backend call finish so that
 # what it made can be removed; within the 10 s a stopping service has.
 CANCEL_GRACE_S = 4.0
+# The least time a 404 for a sandbox id takes, so a foreign id and an unknown one look alike.
+NOT_FOUND_FLOOR_S = 0.05
 
 
 def parse_memory(value: str | int | None) -> int | None:
@@ -186,17 +188,27 @@ class SandboxService:
         return [self.to_model(r).status for r in self._records.values()]
 
     async def _lookup(self, owner: str, sandbox_id: str, *, fresh: bool) -> SandboxRecord:
+        started = time.monotonic()
         rec = None if fresh else self._records.get(sandbox_id)
-        if rec is None:
-            # Not cached (another replica made it, or the caller wants the live state).
+        if rec is None or rec.owner != owner:
+            # Not cached (another replica made it, or the caller wants the live state), or
+            # another owner's: the backend is asked either way, so that another tenant's id
+            # costs what an unknown one does (issue 17, hole 10).
             rec = await self.backend.get(sandbox_id)
             if rec is not None:
                 self._records[rec.id] = rec
             else:
                 self._forget(sandbox_id)
         if rec is None or rec.owner != owner:
+            # ... and both answers take at least the same time, whatever the backend took.
+            await asyncio.sleep(max(0.0, started + NOT_FOUND_FLOOR_S - time.monotonic()))
             raise NotFound(f"no sandbox {sandbox_id!r}")
         return rec
+
+    async def owner_of(self, sandbox_id: str) -> str | None:
+        """Who owns a sandbox (for port links, whose token names no owner), or None."""
+        rec = self._records.get(sandbox_id) or await self.backend.get(sandbox_id)
+        return rec.owner if rec is not None else None
 
     async def get(self, owner: str, sandbox_id: str) -> Sandbox:
         rec = await self._lookup(owner, sandbox_id, fresh=True)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from orchard.env.server.routes import exec, files, health, ports, processes, sandboxes
+from orchard.env.server.routes import (
+    exec,
+    files,
+    health,
+    port_links,
+    ports,
+    processes,
+    sandboxes,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (
     sandboxes.router,
@@ -12,5 +20,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     processes.router,
     files.router,
     ports.router,
+    port_links.router,
     health.router,
 )
