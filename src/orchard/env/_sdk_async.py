@@ -280,6 +280,10 @@ class AsyncSandbox:
         self.info = await self._client._send(core.set_timeout(self.id, timeout_s))
         return self.info
 
+    @_twin(sync.Sandbox.port_link)
+    async def port_link(self, port: int, ttl_s: float = 600) -> m.PortLink:
+        return await self._client._send(core.port_link(self.id, port, ttl_s))
+
     @_twin(sync.Sandbox.port_url)
     def port_url(self, port: int, path: str = "", *, with_key: bool = False) -> str:
         return port_url(self._client.target, self.id, port, path, with_key)

@@ -303,6 +303,12 @@ def delete_sandbox(sandbox_id: str) -> Call[None]:
     return Call("DELETE", sandbox_path(sandbox_id), _none, idempotent=True)
 
 
+def port_link(sandbox_id: str, port: int, ttl_s: float) -> Call[m.PortLink]:
+    body = _validated(m.PortLinkCreate, port=port, ttl_s=ttl_s)
+    path = f"{sandbox_path(sandbox_id)}/port-links"
+    return Call("POST", path, _model(m.PortLink), json=_dump(body))
+
+
 def set_timeout(sandbox_id: str, timeout_s: float) -> Call[m.Sandbox]:
     body = _validated(m.TimeoutUpdate, timeout_s=timeout_s)
     # Idempotent in effect: it sets expiry = now + timeout_s, whichever attempt lands.

@@ -283,6 +283,15 @@ class Sandbox:
         self.info = self._client._send(core.set_timeout(self.id, timeout_s))
         return self.info
 
+    def port_link(self, port: int, ttl_s: float = 600) -> m.PortLink:
+        """A URL for browsers to `port` in this sandbox, with no API key in it.
+
+        :param port: the port inside the sandbox
+        :param ttl_s: how long the link works (at most a day)
+        :return: `url` (a path on the service: `/p/<token>/`), `token`, `expires_at`
+        """
+        return self._client._send(core.port_link(self.id, port, ttl_s))
+
     def port_url(self, port: int, path: str = "", *, with_key: bool = False) -> str:
         """URL of a server listening on `port` inside the sandbox, through the service.
 
