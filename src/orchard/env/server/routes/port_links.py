@@ -22,12 +22,11 @@ from orchard.env.errors import NotFound, OrchardError
 from orchard.env.models import PortLink, PortLinkCreate
 from orchard.env.server.auth import Owner, Svc
 from orchard.env.server.routes._common import ERRORS, SB
-from orchard.env.server.routes.ports import bridge_ws, deny, relay_port
+from orchard.env.server.routes.ports import METHODS, bridge_ws, deny, relay_port
 from orchard.env.server.service import SandboxService
 
 router = APIRouter(responses=ERRORS, tags=["ports"])
 LINK = "/p/{token}/{path:path}"
-_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
 def _mac(svc: SandboxService, sid: str, port: int, exp: int, owner: str) -> str:
@@ -66,7 +65,7 @@ async def port_link(request: Request, token: str, path: str, svc: Svc) -> Stream
     return await relay_port(request, svc, owner, sid, port, path)
 
 
-for _method in _METHODS:
+for _method in METHODS:
     router.add_api_route(
         LINK,
         port_link,

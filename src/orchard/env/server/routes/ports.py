@@ -34,7 +34,7 @@ from orchard.env.wire import NOT_FORWARDED
 router = APIRouter(responses=ERRORS, tags=["ports"])
 PORTS = SB + "/ports/{port}/{path:path}"
 _SMALL_BODY = 1 << 20
-_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
 def _proxy_query(conn: HTTPConnection) -> str:
@@ -117,7 +117,7 @@ async def relay_port(
     )
 
 
-for _method in _METHODS:  # one operation per method, so OpenAPI operation ids stay unique
+for _method in METHODS:  # one operation per method, so OpenAPI operation ids stay unique
     router.add_api_route(
         PORTS,
         port_proxy,
