@@ -107,7 +107,13 @@ class EmbeddedService:
         self.base_url = "http://orchard"
         self.app = create_app(self.config, backend)
         self._server = uvicorn.Server(
-            uvicorn.Config(self.app, log_level=log_level, lifespan="on", server_header=False)
+            uvicorn.Config(
+                self.app,
+                log_level=log_level,
+                lifespan="on",
+                server_header=False,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            )
         )
         self._thread: threading.Thread | None = None
 
@@ -133,6 +139,9 @@ class EmbeddedService:
         """Stop serving; delete this instance's sandboxes if asked (here or at init)."""
         delete = self.delete_on_close if delete_sandboxes is None else delete_sandboxes
         self.app.state.delete_on_close = delete
+        service = getattr(self.app.state, "service", None)
+        if service is not None:
+            service.begin_shutdown()  # creates in flight are undone, not waited for
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=60)
