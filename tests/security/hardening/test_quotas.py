@@ -1,4 +1,4 @@
-"""Quotas through REST, the SDK and metrics on the real service (Docker backend), and what a
+"""Quotas through REST, the SDK and metrics on the real service (docker and local), and what a
 batch leaves when its client leaves or the service gets SIGTERM: nothing.
 
 The limits file gives alice small quotas and bob a slow create rate; the rules themselves
@@ -55,10 +55,11 @@ def _wait_for(cond: object, timeout_s: float) -> bool:
     return False
 
 
+@pytest.mark.parametrize("backend", ["docker", "local"])
 def test_quotas_over_rest_sdk_and_metrics(
-    service_factory: ServiceFactory, busybox_image: str, tmp_path: Path
+    service_factory: ServiceFactory, busybox_image: str, tmp_path: Path, backend: str
 ) -> None:
-    svc = service_factory(ORCHARD_LIMITS=_limits(tmp_path))
+    svc = service_factory(ORCHARD_LIMITS=_limits(tmp_path), ORCHARD_BACKEND=backend)
     with svc.client(KEY_ALICE) as c:
         r = c.post("/v1/sandboxes/batch", json={"image": busybox_image, "count": 4})
         body = assert_error(r, 429, "quota_exceeded")

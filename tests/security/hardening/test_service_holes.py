@@ -1,4 +1,4 @@
-"""Issue 17's service-side holes on the real service (Docker backend): 4 (the API key in
+"""Issue 17's service-side holes on the real service (docker and local backends): 4 (the API key in
 logs), 5 (the key reaching sandbox code through the port proxy; port links), 6 (dot
 segments in the port path) and 10 (what a 404 and the health routes tell).
 
@@ -35,9 +35,9 @@ ECHO = (
 )
 
 
-@pytest.fixture
-def svc(service_factory: ServiceFactory) -> Service:
-    return service_factory()
+@pytest.fixture(params=["docker", "local"])
+def svc(service_factory: ServiceFactory, request: pytest.FixtureRequest) -> Service:
+    return service_factory(ORCHARD_BACKEND=request.param)
 
 
 def _echo_box(svc: Service, image: str) -> str:
