@@ -113,6 +113,8 @@ def sandbox_id(server: dict[str, str], busybox_image: str) -> Iterator[str]:
         (["sandbox", "cp"], "orchard sandbox cp ./src $ID:/work/src"),
         (["sandbox", "rm"], "orchard sandbox rm --all --label run=a"),
         (["sandbox", "gc"], "orchard sandbox gc"),
+        (["usage"], "orchard usage --json"),
+        (["serve"], "orchard serve --limits limits.yaml"),
     ],
 )
 def test_help_teaches_by_example(args: list[str], example: str) -> None:
@@ -152,6 +154,14 @@ def test_create_ls_inspect_rm(server: dict[str, str], busybox_image: str) -> Non
     gone = run(server, "sandbox", "inspect", sid, check=False)
     assert gone.returncode == 1 and gone.stdout == ""
     assert gone.stderr.strip().splitlines() == [f"error: not_found: no sandbox '{sid}'"]
+
+
+def test_usage(server: dict[str, str], sandbox_id: str) -> None:
+    use = run_json(server, "usage")
+    assert use["sandboxes"] >= 1 and use["cpu"] >= 1.0  # the default size: 1 core, 1 GiB
+    assert use["limits"]["max_sandboxes"] == 2000 and use["creating"] == 0
+    text = run(server, "usage").stdout
+    assert "sandboxes" in text and "of 2000" in text and "cores" in text
 
 
 def test_batch_create_and_rm_all(server: dict[str, str], busybox_image: str) -> None:

@@ -94,6 +94,24 @@ async def shared(kind: str, url: str, shared_id: str) -> AsyncIterator[Any]:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("kind", KINDS)
+async def test_usage(kind: str, url: str, busybox_image: str) -> None:
+    async with connect(kind, url) as client:
+        before = await ait(client.usage())
+        assert before.limits["max_batch"] == 1000 and before.creating == 0
+        batch = await ait(client.sandboxes.create_batch(busybox_image, count=2, memory="64m"))
+        try:
+            link = await ait(batch.sandboxes[0].port_link(8000, ttl_s=60))
+            assert link.url == f"/p/{link.token}/" and link.token.startswith(batch.sandboxes[0].id)
+            after = await ait(client.usage())
+            assert after.sandboxes == before.sandboxes + 2
+            assert after.memory_bytes == before.memory_bytes + (128 << 20)
+        finally:
+            for sb in batch.sandboxes:
+                await ait(client.sandboxes.delete(sb.id))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", KINDS)
 async def test_lifecycle_and_context_manager(kind: str, url: str, busybox_image: str) -> None:
     labels = {"suite": "sdk", "kind": kind}
     async with connect(kind, url) as client:

@@ -415,8 +415,11 @@ def test_metrics_and_health(service: EmbeddedService, alice: httpx.Client, sandb
     assert alice.post(f"/v1/sandboxes/{sandbox}/exec", json={"cmd": "true"}).is_success
     with _client(service, None) as anon:
         assert anon.get("/v1/sandboxes").status_code == 401
-        text = anon.get("/metrics").text
-        health = anon.get("/healthz").json()
+        # Issue 17, hole 10: counts and metrics only with a key; liveness stays bare.
+        assert anon.get("/metrics").status_code == 401
+        assert set(anon.get("/healthz").json()) == {"status", "version"}
+    text = alice.get("/metrics").text
+    health = alice.get("/healthz").json()
     assert 'orchard_sandboxes{state="ready"}' in text
     assert "orchard_exec_seconds_bucket" in text
     assert 'orchard_errors_total{code="unauthorized"}' in text

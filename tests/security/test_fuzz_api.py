@@ -5,14 +5,17 @@ invalid requests. Checked on each: no 5xx, an answer within the client timeout (
 status, content type, headers and body conforming to the spec, auth really enforced where
 the spec declares it. Per-sandbox routes are pointed at a real sandbox (random ids only
 test the 404 path), creates at the test image with a small count, and commands get a short
-timeout so a generated `yes` cannot hold the run. Afterwards no container is left that
-no tenant owns, and none at all once the tenants' sandboxes are deleted.
+timeout so a generated `yes` cannot hold the run. The fuzzing key has small quotas
+(issue 17): after every case it holds no more sandboxes than its `max_sandboxes`, counted
+by the service and in the engine. Afterwards no container is left that no tenant owns,
+and none at all once the tenants' sandboxes are deleted.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +36,18 @@ from tests.security.conftest import (
     Service,
     assert_no_leaks,
     containers,
-    create,
     delete_all,
     remove_containers,
 )
 
 # Bounded so the whole file stays within ~2 minutes on two cores.
 EXAMPLES = 6
+# The fuzzing key's limits: room for the shared sandbox and a few generated creates.
+MAX_SANDBOXES = 4
+LIMITS = (
+    f"alice:\n  max_sandboxes: {MAX_SANDBOXES}\n  max_batch: 2\n"
+    "  creates_per_second: 20\n  create_burst: 10\n"
+)
 # Requests that would make the shared sandbox useless for the rest of the run.
 _KEEP_REAL_ID = {
     ("DELETE", "/v1/sandboxes/{sandbox_id}"),
@@ -63,14 +71,33 @@ class FuzzEnv:
                 if r.status_code == 200 and r.json()["status"] == "ready":
                     return self.sandbox
                 c.delete(f"/v1/sandboxes/{self.sandbox}")
-            self.sandbox = create(c, self.image, cmd=["httpd", "-f", "-p", "8000"])["id"]
+            body = {"image": self.image, "cmd": ["httpd", "-f", "-p", "8000"]}
+            for _ in range(20):  # the create rate may be spent by the generated creates
+                r = c.post("/v1/sandboxes", json=body)
+                if r.status_code != 429:
+                    break
+                time.sleep(float(r.headers.get("retry-after", "1")))
+            assert r.status_code == 201, r.text
+            self.sandbox = r.json()["id"]
         return self.sandbox
+
+    def assert_within_quota(self, created: bool) -> None:
+        """The fuzzing key never holds more than its quota, by its usage or (after a
+        create) in the engine."""
+        with self.service.client() as c:
+            usage = c.get("/v1/usage").json()
+        assert usage["sandboxes"] <= MAX_SANDBOXES, usage
+        assert usage["limits"]["max_sandboxes"] == MAX_SANDBOXES
+        if created:
+            assert len(containers(self.service.state_dir)) <= MAX_SANDBOXES
 
 
 @pytest.fixture(scope="module")
 def fuzz_env(docker_ready: None, agent_binary: Path, busybox_image: str) -> Iterator[FuzzEnv]:
     state = Path(tempfile.mkdtemp(prefix="orch-fz-"))
-    svc = Service(state, agent_binary).start()
+    limits = state.parent / f"{state.name}-limits.yaml"
+    limits.write_text(LIMITS)
+    svc = Service(state, agent_binary, env_extra={"ORCHARD_LIMITS": str(limits)}).start()
     env = FuzzEnv(svc, busybox_image)
     try:
         yield env
@@ -81,6 +108,7 @@ def fuzz_env(docker_ready: None, agent_binary: Path, busybox_image: str) -> Iter
         svc.stop()
         remove_containers(state)
         svc.log_path.unlink(missing_ok=True)
+        limits.unlink(missing_ok=True)
         shutil.rmtree(state, ignore_errors=True)
 
 
@@ -169,3 +197,4 @@ def test_api_conforms_to_its_spec(case: Any, fuzz_env: FuzzEnv) -> None:
         if case.method.upper() != "HEAD":
             assert response.json()["error"]["code"] == "bad_gateway"
     _cleanup_created(case, response, fuzz_env)
+    fuzz_env.assert_within_quota(case.operation.path in _CREATES)

@@ -23,6 +23,7 @@ from orchard.cli.serve import serve_app
 from orchard.cli.state import snapshot_app
 from orchard.cli.swe import swe_app
 from orchard.cli.train import train_app
+from orchard.cli.usage import usage_app
 from orchard.env.errors import OrchardError
 
 __all__ = ["app", "main"]
@@ -43,6 +44,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(serve_app)  # `orchard serve`: a command of the root, not a group
+app.add_typer(usage_app)  # `orchard usage`
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(swe_app, name="swe")

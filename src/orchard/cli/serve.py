@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -16,6 +17,7 @@ serve_app = typer.Typer()
         "orchard serve                          # http://127.0.0.1:8080, no auth",
         "orchard serve --uds /tmp/orchard.sock  # a Unix socket",
         "ORCHARD_API_KEYS=alice:s3cret orchard serve --host 0.0.0.0",
+        "orchard serve --limits limits.yaml     # per-key quotas (docs/security.md)",
     )
 )
 def serve(
@@ -30,6 +32,14 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    limits: Annotated[
+        str | None,
+        typer.Option(
+            help="Per-key quotas, a YAML or JSON file with a `default:` block and one block "
+            "per owner. Default: $ORCHARD_LIMITS, else the built-in defaults.",
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the Orchard service (REST API) until interrupted."""
@@ -40,7 +50,10 @@ def serve(
     except ModuleNotFoundError as exc:  # the SDK/CLI install without the server stack
         fail("bad_request", f"the service needs {exc.name!r}: pip install 'orchard[server]'")
     try:
-        config = ServiceConfig.from_env(backend=backend)
+        env = dict(os.environ)
+        if limits:
+            env["ORCHARD_LIMITS"] = limits
+        config = ServiceConfig.from_env(env, backend=backend)
         run_service(config, host=host, port=port, uds=uds, log_level=log_level)
     except ConfigError as exc:
         fail("bad_request", str(exc))

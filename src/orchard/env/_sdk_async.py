@@ -93,6 +93,10 @@ class AsyncOrchard:
     async def health(self) -> m.Health:
         return await self._send(core.health())
 
+    @_twin(sync.Orchard.usage)
+    async def usage(self) -> m.Usage:
+        return await self._send(core.usage())
+
     @_twin(sync.Orchard.close)
     async def close(self) -> None:
         if self._http is not None:
@@ -307,6 +311,10 @@ class AsyncSandbox:
         result = await self._client._send(st.fork(self.id, n, opts))
         copies = [AsyncSandbox(self._client, s) for s in result.sandboxes]
         return AsyncFork(copies, result.errors, result.snapshot)
+
+    @_twin(sync.Sandbox.port_link)
+    async def port_link(self, port: int, ttl_s: float = 600) -> m.PortLink:
+        return await self._client._send(core.port_link(self.id, port, ttl_s))
 
     @_twin(sync.Sandbox.port_url)
     def port_url(self, port: int, path: str = "", *, with_key: bool = False) -> str:

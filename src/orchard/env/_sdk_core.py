@@ -283,6 +283,10 @@ def health() -> Call[m.Health]:
     return Call("GET", "/healthz", _model(m.Health), idempotent=True)
 
 
+def usage() -> Call[m.Usage]:
+    return Call("GET", "/v1/usage", _model(m.Usage), idempotent=True)
+
+
 def get_sandbox(sandbox_id: str) -> Call[m.Sandbox]:
     return Call("GET", sandbox_path(sandbox_id), _model(m.Sandbox), idempotent=True)
 
@@ -298,6 +302,12 @@ def list_sandboxes(labels: Mapping[str, str] | None = None) -> Call[list[m.Sandb
 
 def delete_sandbox(sandbox_id: str) -> Call[None]:
     return Call("DELETE", sandbox_path(sandbox_id), _none, idempotent=True)
+
+
+def port_link(sandbox_id: str, port: int, ttl_s: float) -> Call[m.PortLink]:
+    body = _validated(m.PortLinkCreate, port=port, ttl_s=ttl_s)
+    path = f"{sandbox_path(sandbox_id)}/port-links"
+    return Call("POST", path, _model(m.PortLink), json=_dump(body))
 
 
 def set_timeout(sandbox_id: str, timeout_s: float) -> Call[m.Sandbox]:

@@ -84,6 +84,13 @@ class Orchard:
         """
         return self._send(core.health())
 
+    def usage(self) -> m.Usage:
+        """What this key holds now against its limits (`GET /v1/usage`).
+
+        :return: sandboxes (incl. creating), cpu and memory summed over running ones, limits
+        """
+        return self._send(core.usage())
+
     def close(self) -> None:
         """Close the connections, and stop the in-process service if this client started it."""
         self.http.close()  # closes the transport too
@@ -324,6 +331,15 @@ class Sandbox:
         result = self._client._send(st.fork(self.id, n, opts))
         copies = [Sandbox(self._client, s) for s in result.sandboxes]
         return Fork(copies, result.errors, result.snapshot)
+
+    def port_link(self, port: int, ttl_s: float = 600) -> m.PortLink:
+        """A URL for browsers to `port` in this sandbox, with no API key in it.
+
+        :param port: the port inside the sandbox
+        :param ttl_s: how long the link works (at most a day)
+        :return: `url` (a path on the service: `/p/<token>/`), `token`, `expires_at`
+        """
+        return self._client._send(core.port_link(self.id, port, ttl_s))
 
     def port_url(self, port: int, path: str = "", *, with_key: bool = False) -> str:
         """URL of a server listening on `port` inside the sandbox, through the service.

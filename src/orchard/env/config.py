@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from orchard.env.image_policy import DEFAULT_REGISTRIES, ImagePolicy
-from orchard.env.input_limits import MIN_DISK_BYTES, parse_size
+from orchard.env.input_limits import MIN_CPU, MIN_DISK_BYTES, parse_size
+from orchard.env.limits import Limits
 
 DEFAULT_MAX_UPLOAD_BYTES = 1 << 30
 
@@ -109,6 +110,17 @@ class ServiceConfig:
     egress_protect: tuple[str, ...] = ()
     # The disk limit of sandboxes that ask for none (None: unlimited); docs/backends.md.
     default_disk_bytes: int | None = None
+    # Per-owner quotas (limits.py; `orchard serve --limits FILE`, ORCHARD_LIMITS).
+    limits: Limits = field(default_factory=Limits)
+    # The cpu/memory of sandboxes that ask for none, so an unlimited one is the operator's
+    # deliberate choice (ORCHARD_DEFAULT_CPU / ORCHARD_DEFAULT_MEMORY = "none").
+    default_cpu: float | None = 1.0
+    default_memory_bytes: int | None = 1 << 30
+    # Host capacity (docker, local): a create is 503 `capacity` when its memory limit is
+    # more than what the host has available minus this, or the state dir's free disk is
+    # below `reserve_disk_bytes`, or the host's pids are over 90% used.
+    reserve_memory_bytes: int = 256 << 20
+    reserve_disk_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -125,6 +137,10 @@ class ServiceConfig:
                 raise ConfigError(f"egress_protect: {e}") from None
         if self.default_disk_bytes is not None and self.default_disk_bytes < MIN_DISK_BYTES:
             raise ConfigError(f"default disk must be at least {MIN_DISK_BYTES >> 20} MiB")
+        if self.default_cpu is not None and self.default_cpu < MIN_CPU:
+            raise ConfigError(f"default cpu must be at least {MIN_CPU}")
+        if self.default_memory_bytes is not None and self.default_memory_bytes < 4 << 20:
+            raise ConfigError("default memory must be at least 4 MiB")
 
     @property
     def image_policy(self) -> ImagePolicy:
@@ -170,6 +186,18 @@ class ServiceConfig:
                 )
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        try:
+            if env.get("ORCHARD_LIMITS"):
+                kw["limits"] = Limits.load(env["ORCHARD_LIMITS"])
+            if env.get("ORCHARD_DEFAULT_CPU"):
+                raw = env["ORCHARD_DEFAULT_CPU"].strip().lower()
+                kw["default_cpu"] = None if raw == "none" else float(raw)
+            if env.get("ORCHARD_DEFAULT_MEMORY"):
+                raw = env["ORCHARD_DEFAULT_MEMORY"].strip().lower()
+                memory = None if raw == "none" else parse_size(raw, "ORCHARD_DEFAULT_MEMORY", 0)
+                kw["default_memory_bytes"] = memory
+        except (OSError, ValueError) as e:
+            raise ConfigError(str(e)) from None
         for var, name, conv in (
             ("ORCHARD_RECONCILE_INTERVAL_S", "reconcile_interval_s", float),
             ("ORCHARD_MAX_UPLOAD_BYTES", "max_upload_bytes", int),

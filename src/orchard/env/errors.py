@@ -123,6 +123,12 @@ class Unschedulable(Unavailable):
     code = "unschedulable"
 
 
+class CapacityExceeded(Unavailable):
+    """The host has no room for the sandbox now (memory, disk, pids): nothing was created."""
+
+    code = "capacity"
+
+
 class Internal(OrchardError):
     code, status = "internal", 500
 

@@ -335,5 +335,31 @@ class AgentHealth(WireModel):
 class Health(WireModel):
     status: Literal["ok", "degraded"]
     version: str
-    backend: str
-    sandboxes: int
+    # Only with a valid API key (counts are not for anyone who can reach the port).
+    backend: str | None = None
+    sandboxes: int | None = None
+
+
+class Usage(WireModel):
+    """What the caller's key holds now against its limits (`GET /v1/usage`)."""
+
+    owner: str
+    sandboxes: int = Field(description="sandboxes that exist, any state, incl. creating")
+    creating: int = Field(description="creates in flight")
+    cpu: float = Field(description="cores, summed over running sandboxes")
+    memory_bytes: int = Field(description="memory limits, summed over running sandboxes")
+    limits: dict[str, float | int | None] = Field(description="the key's limits; null: none")
+
+
+class PortLinkCreate(WireModel):
+    port: int = Field(ge=1, le=65535)
+    ttl_s: float = Field(default=600, gt=0, le=86400, description="how long the link works")
+
+
+class PortLink(WireModel):
+    """A URL a browser may open without the API key: `/p/{token}/...` reaches one port of
+    one sandbox until `expires_at` (an HMAC of the service secret, never stored)."""
+
+    url: str = Field(description="path on the service, e.g. /p/<token>/")
+    token: str
+    expires_at: datetime

@@ -13,7 +13,8 @@ from orchard.env.backends import Backend, make_backend
 from orchard.env.config import ServiceConfig
 from orchard.env.server.errors import install_error_handlers
 from orchard.env.server.metrics import Metrics
-from orchard.env.server.middleware import REDACT, ExecFastPath, JsonBodyLimit
+from orchard.env.server.middleware import ExecFastPath, JsonBodyLimit
+from orchard.env.server.redact import REDACT, URL_LOGGERS
 from orchard.env.server.routes import ROUTERS
 from orchard.env.server.service import SandboxService
 
@@ -25,7 +26,8 @@ def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Added here, after uvicorn configured its loggers (it is idempotent).
-        logging.getLogger("uvicorn.access").addFilter(REDACT)
+        for name in URL_LOGGERS:
+            logging.getLogger(name).addFilter(REDACT)
         try:
             service = SandboxService(config, backend or make_backend(config), metrics)
             await service.start()

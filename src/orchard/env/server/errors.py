@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -37,7 +38,11 @@ def _allowed_methods(request: Request) -> list[str]:
 
 def error_reply(metrics: Metrics, err: OrchardError, status: int | None = None) -> JSONResponse:
     metrics.errors.labels(err.code).inc()
-    return JSONResponse(err.to_body(), status_code=status or err.status)
+    resp = JSONResponse(err.to_body(), status_code=status or err.status)
+    wait = (err.details or {}).get("retry_after_s")
+    if isinstance(wait, int | float) and wait > 0:
+        resp.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+    return resp
 
 
 def install_error_handlers(app: FastAPI, metrics: Metrics) -> None:

@@ -40,6 +40,37 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.owner_sandboxes = Gauge(
+            "orchard_owner_sandboxes", "Sandboxes per owner", ["owner"], registry=self.registry
+        )
+        self.owner_cpu = Gauge(
+            "orchard_owner_cpu_cores",
+            "CPU cores per owner, summed over running sandboxes",
+            ["owner"],
+            registry=self.registry,
+        )
+        self.owner_memory = Gauge(
+            "orchard_owner_memory_bytes",
+            "Memory limits per owner, summed over running sandboxes",
+            ["owner"],
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            "orchard_admission_refusals",
+            "Creates refused by admission control, by owner and limit",
+            ["owner", "limit"],
+            registry=self.registry,
+        )
+
+    def set_owners(self, held: dict[str, tuple[int, float, int]]) -> None:
+        """Per-owner gauges from (sandboxes, cpu, memory); owners now holding nothing go."""
+        for gauge in (self.owner_sandboxes, self.owner_cpu, self.owner_memory):
+            gauge.clear()
+        for owner, (n, cpu, memory) in held.items():
+            self.owner_sandboxes.labels(owner).set(n)
+            self.owner_cpu.labels(owner).set(cpu)
+            self.owner_memory.labels(owner).set(memory)
+
     def set_states(self, states: list[str]) -> None:
         tally = Tally(states)
         for state in STATES:

@@ -1,4 +1,4 @@
-"""ASGI middleware: API keys kept out of logs, a bound on buffered bodies, the exec fast path."""
+"""ASGI middleware: a bound on buffered bodies, the exec fast path (log redaction: redact.py)."""
 
 from __future__ import annotations
 
@@ -11,39 +11,11 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard.env.errors import OrchardError, TooLarge, Unauthorized
-from orchard.env.server.auth import KEY_QUERY
 from orchard.env.server.errors import error_reply
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.routes.exec import accept_exec, run_exec
 
 log = logging.getLogger("orchard.api")
-
-_KEY_IN_QUERY = re.compile(rf"({KEY_QUERY}=)[^&\s\"]*")
-
-
-def _redact(value: object) -> object:
-    if isinstance(value, str) and KEY_QUERY in value:
-        return _KEY_IN_QUERY.sub(r"\1[redacted]", value)
-    return value
-
-
-class RedactKeys(logging.Filter):
-    """Blank `orchard_key=...` in uvicorn's access log: API keys never reach a log line.
-
-    The message and each argument are redacted in place, so the record keeps its shape
-    (uvicorn's access formatter unpacks its five arguments).
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = _redact(record.msg)
-        if isinstance(record.args, tuple):
-            record.args = tuple(_redact(a) for a in record.args)
-        elif isinstance(record.args, dict):
-            record.args = {k: _redact(v) for k, v in record.args.items()}
-        return True
-
-
-REDACT = RedactKeys()
 
 
 # ---------------------------------------------------------------- body limit

@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -39,6 +40,21 @@ def unix_socket(path: str) -> socket.socket:
     return sock
 
 
+# SIGTERM to exit: creates are cancelled at once, and what they made is removed; this bounds
+# the wait for the remaining requests so the process is gone within 10 s.
+GRACEFUL_SHUTDOWN_S = 6
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which also tells the service to stop admitting on SIGTERM/SIGINT."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        service = getattr(getattr(self.config.app, "state", None), "service", None)
+        if service is not None:
+            service.begin_shutdown()
+        super().handle_exit(sig, frame)
+
+
 def serve(
     config: ServiceConfig,
     host: str | None = "127.0.0.1",
@@ -50,7 +66,7 @@ def serve(
     """Run the service until interrupted (`orchard serve`); refuses unsafe binds first."""
     config.check_bind(None if uds else host, uds)
     app = create_app(config)
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             app,
             host=host or "127.0.0.1",
@@ -58,6 +74,7 @@ def serve(
             log_level=log_level,
             server_header=False,
             lifespan="on",  # a failed startup must stop the server, not serve without state
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
     )
     if uds:
@@ -90,7 +107,13 @@ class EmbeddedService:
         self.base_url = "http://orchard"
         self.app = create_app(self.config, backend)
         self._server = uvicorn.Server(
-            uvicorn.Config(self.app, log_level=log_level, lifespan="on", server_header=False)
+            uvicorn.Config(
+                self.app,
+                log_level=log_level,
+                lifespan="on",
+                server_header=False,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            )
         )
         self._thread: threading.Thread | None = None
 
@@ -116,6 +139,9 @@ class EmbeddedService:
         """Stop serving; delete this instance's sandboxes if asked (here or at init)."""
         delete = self.delete_on_close if delete_sandboxes is None else delete_sandboxes
         self.app.state.delete_on_close = delete
+        service = getattr(self.app.state, "service", None)
+        if service is not None:
+            service.begin_shutdown()  # creates in flight are undone, not waited for
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=60)

@@ -30,13 +30,13 @@ from orchard.env.errors import (
 )
 from orchard.env.models import (
     BatchCreateResult,
-    ErrorBody,
     NetworkPolicy,
     Resources,
     Sandbox,
     SandboxCreate,
     SandboxStatus,
 )
+from orchard.env.server.admission import Admission
 from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.state import expire_snapshots, paused_error, spec_from_snapshot
@@ -50,6 +50,11 @@ _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECAS
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Beyond any machine, and within the engine's int64 (2**70 came back as a Docker 500).
 MAX_MEMORY_BYTES = 1 << 50
+# How long a cancelled create (client gone, SIGTERM) lets its backend call finish so that
+# what it made can be removed; within the 10 s a stopping service has.
+CANCEL_GRACE_S = 4.0
+# The least time a 404 for a sandbox id takes, so a foreign id and an unknown one look alike.
+NOT_FOUND_FLOOR_S = 0.05
 
 
 def parse_memory(value: str | int | None) -> int | None:
@@ -99,15 +104,37 @@ class SandboxService:
         self._failed: dict[str, float] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.last_reconcile_ok = True
+        self.admission = Admission(config, self.metrics, host_checks=backend.name != "kubernetes")
+        self.stopping = False  # asked to stop: no new creates, the running ones cancelled
+        self._create_tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ lifecycle of the service
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         await self.reconcile()
         self._loop_task = asyncio.create_task(self._reconcile_loop(), name="orchard-reconcile")
 
+    def begin_shutdown(self) -> None:
+        """Stop admitting and cancel every create in flight (each removes what it made).
+
+        Safe to call from a signal handler or another thread."""
+        if self._loop is None or self._loop.is_closed():
+            self.stopping = True
+            return
+        self._loop.call_soon_threadsafe(self._cancel_creates)
+
+    def _cancel_creates(self) -> None:
+        self.stopping = True
+        for task in list(self._create_tasks):
+            task.cancel()
+
     async def stop(self, *, delete_created: bool = False) -> None:
         """Stop background work; sandboxes keep running unless `delete_created`."""
+        self._cancel_creates()
+        while self._create_tasks:  # their clean-up (bounded like every backend call)
+            await asyncio.wait(set(self._create_tasks))
         if self._loop_task:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -156,21 +183,34 @@ class SandboxService:
     def count(self) -> int:
         return len(self._records)
 
+    def records(self) -> list[SandboxRecord]:
+        return list(self._records.values())
+
     def states(self) -> list[str]:
         return [self.to_model(r).status for r in self._records.values()]
 
     async def _lookup(self, owner: str, sandbox_id: str, *, fresh: bool) -> SandboxRecord:
+        started = time.monotonic()
         rec = None if fresh else self._records.get(sandbox_id)
-        if rec is None:
-            # Not cached (another replica made it, or the caller wants the live state).
+        if rec is None or rec.owner != owner:
+            # Not cached (another replica made it, or the caller wants the live state), or
+            # another owner's: the backend is asked either way, so that another tenant's id
+            # costs what an unknown one does (issue 17, hole 10).
             rec = await self.backend.get(sandbox_id)
             if rec is not None:
                 self._records[rec.id] = rec
             else:
                 self._forget(sandbox_id)
         if rec is None or rec.owner != owner:
+            # ... and both answers take at least the same time, whatever the backend took.
+            await asyncio.sleep(max(0.0, started + NOT_FOUND_FLOOR_S - time.monotonic()))
             raise NotFound(f"no sandbox {sandbox_id!r}")
         return rec
+
+    async def owner_of(self, sandbox_id: str) -> str | None:
+        """Who owns a sandbox (for port links, whose token names no owner), or None."""
+        rec = self._records.get(sandbox_id) or await self.backend.get(sandbox_id)
+        return rec.owner if rec is not None else None
 
     async def get(self, owner: str, sandbox_id: str) -> Sandbox:
         rec = await self._lookup(owner, sandbox_id, fresh=True)
@@ -210,6 +250,10 @@ class SandboxService:
         if bad:
             raise InvalidRequest(f"label keys starting with 'orchard.' are reserved: {bad}")
         sid = new_sandbox_id()
+        cpu = req.cpu if "cpu" in req.model_fields_set else self.config.default_cpu
+        memory = parse_memory(req.memory)
+        if "memory" not in req.model_fields_set:
+            memory = self.config.default_memory_bytes
         return SandboxSpec(
             id=sid,
             owner=owner,
@@ -220,8 +264,8 @@ class SandboxService:
             env=dict(req.env),
             workdir=req.workdir,
             user=req.user,
-            cpu=req.cpu,
-            memory_bytes=parse_memory(req.memory),
+            cpu=cpu,
+            memory_bytes=memory,
             pids_limit=req.pids_limit,
             disk_bytes=req.disk_bytes,
             idle_timeout_s=req.idle_timeout_s,
@@ -229,13 +273,34 @@ class SandboxService:
             labels=dict(req.labels),
         )
 
-    async def create(self, owner: str, req: SandboxCreate) -> Sandbox:
+    async def _guarded(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run a create as a task the service can cancel when it is asked to stop."""
+        if self.stopping:
+            work.close()
+            raise Unavailable("the service is stopping; retry on another replica or later")
+        task = asyncio.ensure_future(work)
+        self._create_tasks.add(task)
         try:
-            if req.snapshot:
-                spec = await spec_from_snapshot(self, owner, req)
-            else:
-                spec = self.build_spec(owner, req)
-            sandbox = await self._create(spec, wait=req.wait)
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and self.stopping and not (current and current.cancelling()):
+                raise Unavailable("the service is stopping: the create was undone") from None
+            raise
+        finally:
+            self._create_tasks.discard(task)
+
+    async def create(self, owner: str, req: SandboxCreate) -> Sandbox:
+        if req.snapshot:
+            spec = await spec_from_snapshot(self, owner, req)
+        else:
+            spec = self.build_spec(owner, req)
+        self.admission.admit([spec], self.records())
+        return await self._guarded(self._create_counted(spec, wait=req.wait))
+
+    async def _create_counted(self, spec: SandboxSpec, *, wait: bool) -> Sandbox:
+        try:
+            sandbox = await self._create(spec, wait=wait)
         except OrchardError as e:
             self.metrics.creates.labels(e.code).inc()
             raise
@@ -269,6 +334,7 @@ class SandboxService:
             raise
         finally:
             self._inflight.discard(spec.id)
+            self.admission.release(spec.id)
 
     async def _wait_ready(self, rec: SandboxRecord, deadline: float) -> SandboxRecord:
         agent = self._conn(rec)
@@ -296,27 +362,50 @@ class SandboxService:
             delay = min(delay * 1.5, 0.1)
 
     async def create_batch(self, owner: str, req: SandboxCreate) -> BatchCreateResult:
-        sem = asyncio.Semaphore(self.config.batch_concurrency)
+        """All or nothing: the first create that fails stops the batch and undoes the rest."""
         one = req.model_copy(update={"count": 1})
+        specs = [self.build_spec(owner, one) for _ in range(req.count)]
+        self.admission.admit(specs, self.records())
+        try:
+            made = await self._guarded(self._batch(specs, wait=req.wait))
+        finally:
+            for spec in specs:
+                self.admission.release(spec.id)
+        return BatchCreateResult(sandboxes=made, errors=[])
 
-        async def _one() -> Sandbox | OrchardError:
+    async def _batch(self, specs: list[SandboxSpec], *, wait: bool) -> list[Sandbox]:
+        sem = asyncio.Semaphore(self.config.batch_concurrency)
+
+        async def one(spec: SandboxSpec) -> Sandbox:
             async with sem:
-                try:
-                    return await self.create(owner, one)
-                except OrchardError as e:
-                    return e
-                except Exception as e:
-                    log.exception("batch create failed")
-                    return Unavailable(f"create failed: {type(e).__name__}")
+                return await self._create_counted(spec, wait=wait)
 
-        results = await asyncio.gather(*(_one() for _ in range(req.count)))
-        ok = [r for r in results if isinstance(r, Sandbox)]
-        errors = [
-            ErrorBody(code=r.code, message=r.message, details=r.details)
-            for r in results
-            if isinstance(r, OrchardError)
-        ]
-        return BatchCreateResult(sandboxes=ok, errors=errors)
+        tasks = [asyncio.ensure_future(one(s)) for s in specs]
+        failed: BaseException | None = None
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError as e:
+            failed = e
+        for t in tasks:
+            t.cancel()  # a no-op on those done; the others remove what they made
+        await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+        if failed is None:
+            failed = next(
+                (t.exception() for t in tasks if not t.cancelled() and t.exception()), None
+            )
+        if failed is None:
+            return [t.result() for t in tasks]
+        made = [t.result().id for t in tasks if not t.cancelled() and t.exception() is None]
+        await asyncio.shield(
+            asyncio.gather(*(self._remove(i) for i in made), return_exceptions=True)
+        )
+        if isinstance(failed, OrchardError):
+            failed.details = {**(failed.details or {}), "batch_undone": len(made)}
+            raise failed
+        if isinstance(failed, Exception):
+            log.error("batch create failed", exc_info=failed)
+            raise Unavailable(f"create failed: {type(failed).__name__}") from None
+        raise failed
 
     async def delete(self, owner: str, sandbox_id: str) -> None:
         await self._lookup(owner, sandbox_id, fresh=False)
@@ -333,6 +422,10 @@ class SandboxService:
         try:
             done, _ = await asyncio.wait({task}, timeout=self.config.create_timeout_s)
         except asyncio.CancelledError:
+            # Let a call under way finish first (briefly): cut off mid-way, the engine may
+            # still make what it was asked for once nobody listens, and nobody removes it.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
             task.cancel()
             raise
         if not done:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from orchard.env.server.routes import exec, files, health, ports, processes, sandboxes, state
+from orchard.env.server.routes import (
+    exec,
+    files,
+    health,
+    port_links,
+    ports,
+    processes,
+    sandboxes,
+    state,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (
     sandboxes.router,
@@ -13,5 +22,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     processes.router,
     files.router,
     ports.router,
+    port_links.router,
     health.router,
 )

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote, urlencode
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi import Path as PathParam
@@ -20,11 +20,12 @@ from starlette.requests import HTTPConnection
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from orchard.env.errors import AgentUnavailable, OrchardError, Unavailable
+from orchard.env.errors import AgentUnavailable, BadRequest, OrchardError, Unavailable
 from orchard.env.models import ErrorResponse
 from orchard.env.server.agent_client import AgentClient
-from orchard.env.server.auth import KEY_QUERY, PortOwner, Svc, authorize
+from orchard.env.server.auth import KEY_QUERY, PortOwner, Svc, api_key, authorize
 from orchard.env.server.metrics import Metrics
+from orchard.env.server.redact import redact
 from orchard.env.server.relay import check_length, filtered, has_body, limited, stream
 from orchard.env.server.routes._common import ERRORS, SB
 from orchard.env.server.service import SandboxService
@@ -33,11 +34,43 @@ from orchard.env.wire import NOT_FORWARDED
 router = APIRouter(responses=ERRORS, tags=["ports"])
 PORTS = SB + "/ports/{port}/{path:path}"
 _SMALL_BODY = 1 << 20
-_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
 def _proxy_query(conn: HTTPConnection) -> str:
     return urlencode([(k, v) for k, v in conn.query_params.multi_items() if k != KEY_QUERY])
+
+
+def check_path(conn: HTTPConnection, path: str) -> None:
+    """Refuse `.`/`..` segments, however spelled (`%2e`), in the path a sandbox server gets.
+
+    Joined into the agent's `/proxy/{port}/...` URL, `../../exec` would be resolved (by the
+    HTTP client) to the agent's own routes, called with the service's token (hole 6).
+    """
+    raw = conn.scope.get("raw_path") or b""
+    for candidate in (path, unquote(raw.decode("latin-1"))):
+        if any(seg in (".", "..") for seg in candidate.replace("\\", "/").split("/")):
+            raise BadRequest("dot segments ('.', '..', '%2e') are not allowed in a port path")
+
+
+def scrub_headers(conn: HTTPConnection, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Drop what would hand an API key to sandbox code: a Referer or cookie carrying
+    `orchard_key`, and any header holding the caller's key (hole 5)."""
+    key = api_key(conn, allow_query=True) or ""
+    out = []
+    for name, value in headers:
+        low = name.lower()
+        if low == "cookie":
+            value = ";".join(c for c in value.split(";") if not _cookie_has_key(c, key)).strip()
+        if not value or (key and key in value) or (low == "referer" and redact(value) != value):
+            continue
+        out.append((name, value))
+    return out
+
+
+def _cookie_has_key(cookie: str, key: str) -> bool:
+    name, _, val = cookie.strip().partition("=")
+    return unquote(name) == KEY_QUERY or KEY_QUERY in unquote(val) or bool(key and key in val)
 
 
 async def port_proxy(
@@ -48,13 +81,22 @@ async def port_proxy(
     owner: PortOwner,
     svc: Svc,
 ) -> StreamingResponse:
+    return await relay_port(request, svc, owner, sandbox_id, port, path)
+
+
+async def relay_port(
+    request: Request, svc: SandboxService, owner: str, sandbox_id: str, port: int, path: str
+) -> StreamingResponse:
+    """Relay one HTTP request to `port` in the sandbox (the port proxy and port links)."""
+    check_path(request, path)
     limit = svc.config.max_upload_bytes
     check_length(request, limit)
-    headers = [
+    raw = [
         (k.decode("latin-1"), v.decode("latin-1"))
         for k, v in filtered(request.headers.raw)
         if k.lower() != b"content-length"
     ]
+    headers = scrub_headers(request, raw)
     declared = request.headers.get("content-length", "")
     content: bytes | AsyncIterator[bytes] | None = None
     if declared.isdigit() and int(declared) <= _SMALL_BODY:
@@ -75,7 +117,7 @@ async def port_proxy(
     )
 
 
-for _method in _METHODS:  # one operation per method, so OpenAPI operation ids stay unique
+for _method in METHODS:  # one operation per method, so OpenAPI operation ids stay unique
     router.add_api_route(
         PORTS,
         port_proxy,
@@ -86,7 +128,7 @@ for _method in _METHODS:  # one operation per method, so OpenAPI operation ids s
     )
 
 
-async def _deny(ws: WebSocket, err: OrchardError, metrics: Metrics) -> None:
+async def deny(ws: WebSocket, err: OrchardError, metrics: Metrics) -> None:
     metrics.errors.labels(err.code).inc()
     try:
         await ws.send_denial_response(JSONResponse(err.to_body(), status_code=err.status))
@@ -100,10 +142,24 @@ async def port_proxy_ws(ws: WebSocket, sandbox_id: str, port: int, path: str) ->
     svc: SandboxService = ws.app.state.service
     try:
         owner = authorize(ws, allow_query=True)
+    except OrchardError as e:
+        await deny(ws, e, svc.metrics)
+        return
+    await bridge_ws(ws, svc, owner, sandbox_id, port, path)
+
+
+async def bridge_ws(
+    ws: WebSocket, svc: SandboxService, owner: str, sandbox_id: str, port: int, path: str
+) -> None:
+    """Bridge an authorized WebSocket to `port` in the sandbox (the port proxy and links)."""
+    try:
+        check_path(ws, path)
+        if not 1 <= port <= 65535:
+            raise BadRequest(f"port must be 1-65535, got {port}")
         agent = await svc.agent(owner, sandbox_id)
         upstream = await _ws_connect(svc, owner, agent, sandbox_id, port, path, ws)
     except OrchardError as e:
-        await _deny(ws, e, svc.metrics)
+        await deny(ws, e, svc.metrics)
         return
     async with upstream:
         await ws.accept(subprotocol=upstream.subprotocol)
@@ -121,15 +177,16 @@ async def _ws_connect(
 ) -> ClientConnection:
     query = _proxy_query(ws)
     target = f"/proxy/{port}/{quote(path)}" + (f"?{query}" if query else "")
-    skip = NOT_FORWARDED | {"origin", "cookie"}
-    headers = [
-        (k, v)
-        for k, v in ws.headers.items()
-        if k not in skip and not k.startswith("sec-websocket-")
-    ]
+    skip = NOT_FORWARDED | {"origin"}
+    headers = scrub_headers(
+        ws,
+        [
+            (k, v)
+            for k, v in ws.headers.items()
+            if k not in skip and not k.startswith("sec-websocket-")
+        ],
+    )
     headers.append(("Authorization", f"Bearer {svc.config.agent_token(sid)}"))
-    if "cookie" in ws.headers:
-        headers.append(("Cookie", ws.headers["cookie"]))
     protocols: Any = ws.scope.get("subprotocols") or None
     opts: dict[str, Any] = {
         "additional_headers": headers,

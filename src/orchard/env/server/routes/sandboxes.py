@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
-from orchard.env.errors import InvalidRequest
+from orchard.env.errors import InvalidRequest, OrchardError, Unavailable
 from orchard.env.models import (
     BatchCreateResult,
     NetworkPolicy,
@@ -19,18 +22,36 @@ from orchard.env.server.auth import Owner, Svc
 from orchard.env.server.routes._common import ERRORS, SB
 
 router = APIRouter(responses=ERRORS, tags=["sandboxes"])
+T = TypeVar("T")
+
+
+async def while_connected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Run a create, cancelled (so undone) as soon as its client goes away."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.25)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OrchardError):
+                await task
+            raise Unavailable("the client went away; the create was undone")
 
 
 @router.post("/v1/sandboxes", status_code=201, response_model=Sandbox)
-async def create_sandbox(body: SandboxCreate, owner: Owner, svc: Svc) -> Sandbox:
+async def create_sandbox(body: SandboxCreate, owner: Owner, svc: Svc, request: Request) -> Sandbox:
     if body.count != 1:
         raise InvalidRequest("count must be 1 here; use POST /v1/sandboxes/batch")
-    return await svc.create(owner, body)
+    return await while_connected(request, svc.create(owner, body))
 
 
 @router.post("/v1/sandboxes/batch", status_code=201, response_model=BatchCreateResult)
-async def create_batch(body: SandboxCreate, owner: Owner, svc: Svc) -> BatchCreateResult:
-    return await svc.create_batch(owner, body)
+async def create_batch(
+    body: SandboxCreate, owner: Owner, svc: Svc, request: Request
+) -> BatchCreateResult:
+    """All or nothing: if one create fails, the batch is undone and answers that error."""
+    return await while_connected(request, svc.create_batch(owner, body))
 
 
 @router.get("/v1/sandboxes", response_model=SandboxList)

@@ -1,0 +1,220 @@
+"""Admission control: per-owner quotas, a create rate per owner, and the host's capacity.
+
+`Admission.admit` runs with no await between its checks and its reservation, so concurrent
+creates on one event loop cannot both take the last slot. What an owner holds is summed
+from the service's view of the backend (its records) plus the creates still in flight
+here; a second replica's sandboxes count from its next reconcile on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchard.env.backends.base import SandboxRecord, SandboxSpec
+from orchard.env.config import ServiceConfig
+from orchard.env.errors import CapacityExceeded, QuotaExceeded, RateLimited
+from orchard.env.limits import OwnerLimits
+from orchard.env.models import Usage
+from orchard.env.server.metrics import Metrics
+
+LIVE = ("pending", "running")  # backend states that hold cpu and memory
+
+
+class TokenBucket:
+    """`rate` tokens a second up to `burst`; `take(n)` is 0 when granted, else the wait."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, max(1, burst)
+        self.tokens, self.at = float(self.burst), time.monotonic()
+
+    def take(self, n: int) -> float:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if n <= self.tokens:
+            self.tokens -= n
+            return 0.0
+        return (n - self.tokens) / self.rate if self.rate > 0 else math.inf
+
+
+@dataclass
+class Held:
+    sandboxes: int = 0
+    cpu: float = 0.0
+    memory: int = 0
+
+    def add(self, cpu: float | None, memory: int | None, live: bool = True) -> None:
+        self.sandboxes += 1
+        if live:
+            self.cpu += cpu or 0.0
+            self.memory += memory or 0
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _bytes(items: dict[str, str]) -> int:
+    return sum(len(k.encode()) + len(v.encode()) for k, v in items.items())
+
+
+class Admission:
+    def __init__(self, config: ServiceConfig, metrics: Metrics, host_checks: bool) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.host_checks = host_checks  # off for a cluster: the scheduler decides there
+        self._buckets: dict[str, TokenBucket] = {}
+        self._reserved: dict[str, SandboxSpec] = {}  # creates in flight, by sandbox id
+
+    # ------------------------------------------------------------ what an owner holds
+
+    def held(self, owner: str, records: Iterable[SandboxRecord]) -> Held:
+        held = Held()
+        for rec in records:
+            if rec.owner == owner and rec.id not in self._reserved:
+                held.add(rec.cpu, rec.memory_bytes, rec.state in LIVE)
+        for spec in self._reserved.values():
+            if spec.owner == owner:
+                held.add(spec.cpu, spec.memory_bytes)
+        return held
+
+    def usage(self, owner: str, records: Iterable[SandboxRecord]) -> Usage:
+        held = self.held(owner, records)
+        creating = sum(1 for s in self._reserved.values() if s.owner == owner)
+        return Usage(
+            owner=owner,
+            sandboxes=held.sandboxes,
+            creating=creating,
+            cpu=round(held.cpu, 6),
+            memory_bytes=held.memory,
+            limits=self.config.limits.of(owner).as_dict(),
+        )
+
+    def owners(self, records: Iterable[SandboxRecord]) -> dict[str, Held]:
+        recs = list(records)
+        names = {r.owner for r in recs} | {s.owner for s in self._reserved.values()}
+        return {o: self.held(o, recs) for o in sorted(names) if o}
+
+    # ------------------------------------------------------------ admit / release
+
+    def _refuse(self, owner: str, err: RateLimited | CapacityExceeded, limit: str) -> None:
+        self.metrics.refusals.labels(owner, limit).inc()
+        raise err
+
+    def admit(self, specs: list[SandboxSpec], records: Iterable[SandboxRecord]) -> None:
+        """Reserve room for `specs` (one owner's, one create or one batch) or raise 429/503."""
+        if not specs:
+            return
+        owner = specs[0].owner
+        lim = self.config.limits.of(owner)
+        self._check_quota(owner, lim, specs, self.held(owner, records))
+        if self.host_checks:
+            self._check_host(owner, specs[0])
+        if lim.creates_per_second is not None:
+            burst = lim.create_burst if lim.create_burst is not None else len(specs)
+            bucket = self._buckets.get(owner)
+            if bucket is None or (bucket.rate, bucket.burst) != (lim.creates_per_second, burst):
+                bucket = self._buckets[owner] = TokenBucket(lim.creates_per_second, burst)
+            if len(specs) > bucket.burst:
+                self._refuse(
+                    owner,
+                    QuotaExceeded(f"a batch of {len(specs)} is over create_burst={burst}"),
+                    "create_burst",
+                )
+            wait = bucket.take(len(specs))
+            if wait > 0:
+                err = RateLimited(
+                    f"over creates_per_second={lim.creates_per_second:g} "
+                    f"(create_burst={burst}); retry in {wait:.2f} s",
+                    details={"limit": "creates_per_second", "retry_after_s": wait},
+                )
+                self._refuse(owner, err, "creates_per_second")
+        for spec in specs:
+            self._reserved[spec.id] = spec
+
+    def release(self, sandbox_id: str) -> None:
+        """The create is over (made, or failed and removed): its record counts from now."""
+        self._reserved.pop(sandbox_id, None)
+
+    def _check_quota(
+        self, owner: str, lim: OwnerLimits, specs: list[SandboxSpec], held: Held
+    ) -> None:
+        n, first = len(specs), specs[0]
+        cpu = sum(s.cpu or 0.0 for s in specs)
+        memory = sum(s.memory_bytes or 0 for s in specs)
+        checks: list[tuple[str, float | int | None, float, float]] = [
+            ("max_batch", lim.max_batch, n, 0),
+            ("max_label_bytes", lim.max_label_bytes, _bytes(first.labels), 0),
+            ("max_env_bytes", lim.max_env_bytes, _bytes(first.env), 0),
+            ("max_sandboxes", lim.max_sandboxes, n, held.sandboxes),
+            ("max_cpu", lim.max_cpu, cpu, held.cpu),
+            ("max_memory", lim.max_memory, memory, held.memory),
+        ]
+        for name, limit, asked, holds in checks:
+            if limit is not None and holds + asked > limit:
+                # Waiting helps only where the owner's own sandboxes free the room.
+                details: dict[str, object] = {"limit": name, "value": limit, "held": holds}
+                if holds:
+                    details["retry_after_s"] = 5.0
+                msg = (
+                    f"over {name}={_num(limit)}: holds {_num(holds)}, asked for {_num(asked)} more"
+                )
+                if not holds:
+                    msg = f"over {name}={_num(limit)}: asked for {_num(asked)}"
+                self._refuse(owner, QuotaExceeded(msg, details=details), name)
+
+    def _check_host(self, owner: str, spec: SandboxSpec) -> None:
+        why = host_shortage(self.config, spec)
+        if why:
+            err = CapacityExceeded(f"the host cannot take this sandbox now: {why}")
+            err.details = {"retry_after_s": 5.0}
+            self._refuse(owner, err, "capacity")
+
+
+# ---------------------------------------------------------------- the host
+
+
+def _meminfo(name: str) -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(name + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _pids_used() -> tuple[int, int] | None:
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+        used = sum(1 for d in os.listdir("/proc") if d.isdigit())
+    except (OSError, ValueError):
+        return None
+    return used, pid_max
+
+
+def host_shortage(config: ServiceConfig, spec: SandboxSpec) -> str | None:
+    """Why the host cannot take `spec` now (memory, disk, pids), or None."""
+    available = _meminfo("MemAvailable")
+    if available is not None and spec.memory_bytes:
+        room = available - config.reserve_memory_bytes
+        if spec.memory_bytes > room:
+            return f"memory {spec.memory_bytes} bytes asked, {max(room, 0)} available"
+    try:
+        free = shutil.disk_usage(config.state_dir).free
+    except OSError:
+        free = None
+    if free is not None:
+        need = config.reserve_disk_bytes + (spec.disk_bytes or 0)
+        if free < need:
+            return f"disk: {free} bytes free under the state dir, {need} needed"
+    pids = _pids_used()
+    if pids is not None and pids[0] > 0.9 * pids[1]:
+        return f"pids: {pids[0]} of {pids[1]} in use"
+    return None
