@@ -274,5 +274,6 @@ async def test_shutdown_cancels_creates_and_stops_admitting(tmp_path: Path) -> N
         await task
     with pytest.raises(Unavailable, match="stopping"):
         await svc.create("alice", _req())
+    assert svc.admission.usage("alice", svc.records()).creating == 0  # nothing kept reserved
     await svc.stop()
     assert time.monotonic() - t0 < 2 and backend.records == {}

@@ -280,6 +280,8 @@ class SandboxService:
             raise Unavailable("the service is stopping; retry on another replica or later")
         task = asyncio.ensure_future(work)
         self._create_tasks.add(task)
+        # Dropped once it is really over (its clean-up too), which `stop()` waits for.
+        task.add_done_callback(self._create_tasks.discard)
         try:
             return await task
         except asyncio.CancelledError:
@@ -287,8 +289,6 @@ class SandboxService:
             if task.cancelled() and self.stopping and not (current and current.cancelling()):
                 raise Unavailable("the service is stopping: the create was undone") from None
             raise
-        finally:
-            self._create_tasks.discard(task)
 
     async def create(self, owner: str, req: SandboxCreate) -> Sandbox:
         if req.snapshot:
@@ -296,7 +296,10 @@ class SandboxService:
         else:
             spec = self.build_spec(owner, req)
         self.admission.admit([spec], self.records())
-        return await self._guarded(self._create_counted(spec, wait=req.wait))
+        try:
+            return await self._guarded(self._create_counted(spec, wait=req.wait))
+        finally:
+            self.admission.release(spec.id)
 
     async def _create_counted(self, spec: SandboxSpec, *, wait: bool) -> Sandbox:
         try:
