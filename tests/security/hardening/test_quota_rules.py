@@ -230,12 +230,12 @@ async def test_capacity_is_a_503_before_anything_is_made(tmp_path: Path) -> None
 
 def test_default_cpu_and_memory_unless_asked(tmp_path: Path) -> None:
     svc = _service(tmp_path, FakeBackend())
-    spec = svc._spec("alice", _req())
+    spec = svc.build_spec("alice", _req())
     assert (spec.cpu, spec.memory_bytes) == (1.0, 1 << 30)
-    spec = svc._spec("alice", _req(cpu=None, memory=None))  # asked for unlimited
+    spec = svc.build_spec("alice", _req(cpu=None, memory=None))  # asked for unlimited
     assert (spec.cpu, spec.memory_bytes) == (None, None)
     svc.config.default_cpu = None
-    assert svc._spec("alice", _req()).cpu is None
+    assert svc.build_spec("alice", _req()).cpu is None
 
 
 # ---------------------------------------------------------------- all or nothing

@@ -367,7 +367,10 @@ class SandboxService:
     async def create_batch(self, owner: str, req: SandboxCreate) -> BatchCreateResult:
         """All or nothing: the first create that fails stops the batch and undoes the rest."""
         one = req.model_copy(update={"count": 1})
-        specs = [self.build_spec(owner, one) for _ in range(req.count)]
+        if one.snapshot:  # copies of a snapshot (a fork): its settings, each a fresh id
+            specs = [await spec_from_snapshot(self, owner, one) for _ in range(req.count)]
+        else:
+            specs = [self.build_spec(owner, one) for _ in range(req.count)]
         self.admission.admit(specs, self.records())
         try:
             made = await self._guarded(self._batch(specs, wait=req.wait))
