@@ -226,11 +226,20 @@ class Bench:
         return out, time.perf_counter() - t0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main(cleanup: common.Cleanup) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--n", type=int, default=500, help="calls per peer, command and mode")
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=5, help="alternations in the concurrent runs")
+    ap.add_argument("--n", type=_positive, default=500, help="calls per peer, command and mode")
+    ap.add_argument("--concurrency", type=_positive, default=16, help="callers at once (>= 1)")
+    ap.add_argument(
+        "--rounds", type=_positive, default=5, help="alternations in the concurrent runs"
+    )
     args = ap.parse_args()
     image = common.bench_image()
     b = Bench(cleanup, image)
