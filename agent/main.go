@@ -17,8 +17,10 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -185,6 +187,32 @@ func listenUnix(path string) (net.Listener, error) {
 
 func main() { os.Exit(run(os.Args[1:])) }
 
+// spareThreads OS threads are made at start and kept idle by the Go runtime, so a fork
+// bomb that takes every pid of the sandbox's limit cannot leave the agent unable to start
+// the thread a blocking syscall needs (the runtime exits when thread creation fails).
+const spareThreads = 8
+
+// prespawnThreads makes n OS threads now: each goroutine is pinned to its own thread until
+// all have one, then unpinned, and the threads stay in the runtime's idle pool.
+func prespawnThreads(n int) {
+	var ready, done sync.WaitGroup
+	release := make(chan struct{})
+	ready.Add(n)
+	done.Add(n)
+	for i := 0; i < n; i++ {
+		go func() {
+			defer done.Done()
+			runtime.LockOSThread()
+			ready.Done()
+			<-release
+			runtime.UnlockOSThread()
+		}()
+	}
+	ready.Wait()
+	close(release)
+	done.Wait()
+}
+
 func run(args []string) int {
 	log.SetFlags(0)
 	log.SetPrefix("orchard-agent: ")
@@ -195,6 +223,7 @@ func run(args []string) int {
 	// then yields EPIPE instead of killing the sandbox's PID 1.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	proc.CatchInheritedIgnores()
+	prespawnThreads(spareThreads)
 	cfg, err := loadConfig(args, os.Getenv)
 	if err != nil {
 		log.Print(err)
