@@ -17,6 +17,7 @@ import asyncio
 import builtins
 import contextlib
 import time
+from abc import abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,11 @@ class DockerState(HostFolders):
     images: DockerImages
 
     @property
-    def docker(self) -> aiodocker.Docker:
-        raise NotImplementedError
+    @abstractmethod
+    def docker(self) -> aiodocker.Docker: ...
 
-    async def _require(self, sandbox_id: str) -> tuple[dict[str, Any], SandboxRecord]:
-        raise NotImplementedError
+    @abstractmethod
+    async def _require(self, sandbox_id: str) -> tuple[dict[str, Any], SandboxRecord]: ...
 
     @property
     def snapshots(self) -> SnapshotStore:

@@ -20,6 +20,7 @@ import builtins
 import contextlib
 import dataclasses
 import json
+from abc import abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -47,13 +48,13 @@ class LocalState(HostFolders):
 
     images: ImageStore
 
-    async def _runc(self, *args: str) -> tuple[int, str]:
-        raise NotImplementedError
+    @abstractmethod
+    async def _runc(self, *args: str) -> tuple[int, str]: ...
 
     async def _recover(self) -> None: ...
 
-    async def _require(self, sandbox_id: str) -> tuple[dict[str, Any], SandboxRecord]:
-        raise NotImplementedError
+    @abstractmethod
+    async def _require(self, sandbox_id: str) -> tuple[dict[str, Any], SandboxRecord]: ...
 
     @property
     def snapshots(self) -> SnapshotStore:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from orchard.env.backends.base import SandboxSpec
+from orchard.env.backends.base import Backend, SandboxRecord, SandboxSpec
 from orchard.env.backends.state_base import (
     Pausable,
     SnapshotRecord,
@@ -22,7 +22,7 @@ from orchard.env.backends.state_base import (
     new_snapshot_id,
 )
 from orchard.env.errors import NotFound, NotSupported, SandboxPaused
-from orchard.env.models import Sandbox, SandboxCreate
+from orchard.env.models import BatchCreateResult, Sandbox, SandboxCreate
 from orchard.env.state_models import (
     FileDiff,
     ForkRequest,
@@ -32,8 +32,20 @@ from orchard.env.state_models import (
     SnapshotSettings,
 )
 
-if TYPE_CHECKING:
-    from orchard.env.server.service import SandboxService
+
+class SandboxService(Protocol):
+    """What this module needs of the service (`service.SandboxService`), named here so the
+    service can import this module without a cycle."""
+
+    backend: Backend
+
+    def build_spec(self, owner: str, req: SandboxCreate) -> SandboxSpec: ...
+    async def create_batch(self, owner: str, req: SandboxCreate) -> BatchCreateResult: ...
+    async def live_or_paused(self, owner: str, sandbox_id: str) -> SandboxRecord: ...
+    def remember(self, rec: SandboxRecord) -> None: ...
+    def to_model(self, rec: SandboxRecord) -> Sandbox: ...
+    def touch(self, sandbox_id: str) -> None: ...
+
 
 # Fields of a create that, when not given, come from the snapshot's settings.
 _INHERITED = ("cpu", "pids_limit", "idle_timeout_s", "user", "network", "labels")
