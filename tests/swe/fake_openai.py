@@ -1,5 +1,5 @@
 """FakeOpenAIServer: a real HTTP server in-process that speaks a scripted subset of the
-OpenAI chat-completions API. A FAKE (no hosted model can be reached here), for testing the
+OpenAI chat-completions API (plain JSON, or server-sent events when asked to stream). A FAKE (no hosted model can be reached here), for testing the
 model client and the harness over real HTTP.
 """
 
@@ -33,6 +33,24 @@ def tool_call(command: str, call_id: str = "call_1", name: str = "bash") -> dict
         "type": "function",
         "function": {"name": name, "arguments": json.dumps({"command": command})},
     }
+
+
+def _sse(payload: dict[str, Any], body: dict[str, Any]) -> bytes:
+    """A completion as OpenAI streams it (`stream: true`): one delta chunk with the whole
+    message (tool calls indexed), a finish chunk, a usage chunk if asked, then [DONE]."""
+    choice = payload["choices"][0]
+    delta = dict(choice["message"])
+    if "tool_calls" in delta:
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
+    base = {k: payload[k] for k in ("id", "model")} | {"object": "chat.completion.chunk"}
+    chunks = [
+        base | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        base | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
+    ]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        chunks.append(base | {"choices": [], "usage": payload["usage"]})
+    events = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+    return "".join(events).encode()
 
 
 class FakeOpenAIServer:
@@ -75,10 +93,14 @@ class FakeOpenAIServer:
                             "total_tokens": reply.prompt_tokens + reply.completion_tokens,
                         },
                     }
-                data = json.dumps(payload).encode()
+                content_type = "application/json"
+                if reply.status == 200 and body.get("stream"):
+                    content_type, data = "text/event-stream", _sse(payload, body)
+                else:
+                    data = json.dumps(payload).encode()
                 try:
                     self.send_response(reply.status)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", content_type)
                     self.send_header("Content-Length", str(len(data)))
                     for k, v in reply.headers.items():
                         self.send_header(k, v)
