@@ -1,6 +1,7 @@
 """FakeOpenAIServer: a real HTTP server in-process that speaks a scripted subset of the
-OpenAI chat-completions API (plain JSON, or server-sent events when asked to stream). A FAKE (no hosted model can be reached here), for testing the
-model client and the harness over real HTTP.
+OpenAI chat-completions API (plain JSON, or server-sent events when asked to stream). A FAKE
+(no hosted model can be reached here), for testing the model client and the harness over
+real HTTP.
 """
 
 from __future__ import annotations
