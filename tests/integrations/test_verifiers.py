@@ -2,21 +2,29 @@
 
 The model is FakeOpenAIServer (a named fake: no hosted model here) on loopback, answering
 with scripted tool calls; everything else is real: verifiers' env, interception server,
-per-rollout MCP tool server and chat program, and an Orchard sandbox per episode.
+per-rollout MCP tool server and chat program, and an Orchard sandbox per episode, made
+through an Orchard service on loopback that wants an API key (ORCHARD_URL / ORCHARD_API_KEY,
+which the eval and every tool server must reach it with).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchard.env.config import ServiceConfig
+from orchard.env.server.app import create_app
 from orchard.integrations._shell_tasks import SAMPLE
+from tests.servers import serve_uvicorn
 from tests.swe.fake_openai import FakeOpenAIServer, Reply, tool_call
 
 pytestmark = pytest.mark.timeout(600)
@@ -59,15 +67,36 @@ def scripted(body: dict[str, Any]) -> Reply:
     return Reply(tool_calls=steps[turn]) if turn < len(steps) else Reply(content="done")
 
 
-def test_vf_eval_grades_in_the_sandbox(busybox_image: str, tmp_path: Path, no_leaks: Any) -> None:
+@contextmanager
+def orchard_service(state_dir: Path, agent_binary: Path) -> Iterator[dict[str, str]]:
+    """A real Orchard service on 127.0.0.1 with auth on; yields the env that reaches it."""
+    key = "vf-test-key"
+    config = ServiceConfig(
+        state_dir=state_dir, api_keys={key: "vf"}, agent_binary=str(agent_binary)
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    with serve_uvicorn(create_app(config), sockets=[sock]):
+        yield {"ORCHARD_URL": f"http://127.0.0.1:{port}", "ORCHARD_API_KEY": key}
+
+
+def test_vf_eval_grades_in_the_sandbox(
+    busybox_image: str, agent_binary: Path, tmp_path: Path, no_leaks: Any
+) -> None:
     tasks = tmp_path / "tasks.jsonl"  # the shipped sample plus one whose model call fails
     tasks.write_text(SAMPLE.read_text() + json.dumps(DOOMED) + "\n")
-    with FakeOpenAIServer(scripted) as fake, no_leaks("verifiers"):
+    with (
+        orchard_service(tmp_path / "state", agent_binary) as orchard_env,
+        FakeOpenAIServer(scripted) as fake,
+        no_leaks("verifiers"),
+    ):
         proc = subprocess.run(
             [str(VF_EVAL), "orchard-verifiers", "-m", "scripted",
              "--client.base-url", fake.base_url, "--env.taskset.image", busybox_image,
              "--env.taskset.path", str(tasks), "--no-push", "--no-rich", "-o", "out", "-c", "3"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=dict(os.environ),
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            env={**os.environ, **orchard_env},
         )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     [traces_file] = (tmp_path / "out").glob("*/traces.jsonl")

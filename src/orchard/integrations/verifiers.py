@@ -64,7 +64,10 @@ class OrchardTaskData(vf.TaskData):  # type: ignore[misc]
 
 
 class OrchardToolsConfig(vf.ToolsetConfig):  # type: ignore[misc]
-    """Where verifiers serves the tool server (default: a host subprocess per rollout)."""
+    """Where verifiers serves the tool server: by default beside the harness, in its runtime,
+    which carries the task's `runtime_env` (the Orchard connection) to it."""
+
+    colocated: bool = True
 
 
 class OrchardTools(vf.Toolset[OrchardToolsConfig]):  # type: ignore[misc]
