@@ -7,6 +7,7 @@ until `done`, close it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,12 +15,15 @@ import skyrl_gym
 
 from orchard.env.errors import OrchardError
 from orchard.integrations import skyrl
+from tests.integrations.keyed_service import orchard_service
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def rollout(actions: list[str], image: str, **extras: Any) -> tuple[Any, list[dict[str, Any]]]:
-    env = skyrl_gym.make(skyrl.ENV_ID, env_config={"image": image}, extras=extras)
+def rollout(
+    actions: list[str], image: str, config: dict[str, str] | None = None, **extras: Any
+) -> tuple[Any, list[dict[str, Any]]]:
+    env = skyrl_gym.make(skyrl.ENV_ID, env_config={"image": image, **(config or {})}, extras=extras)
     outs: list[dict[str, Any]] = []
     try:
         chat, info = env.init([])
@@ -47,8 +51,10 @@ def test_right_script_scores_1(busybox_image: str, no_leaks: Any) -> None:
     assert env.get_metrics() == {"turns": 2, "solved": 1.0}
 
 
-def test_wrong_script_scores_0(busybox_image: str, no_leaks: Any) -> None:
-    with no_leaks("skyrl"):
+def test_wrong_script_scores_0(
+    busybox_image: str, agent_binary: Path, tmp_path: Path, no_leaks: Any
+) -> None:
+    with orchard_service(tmp_path, agent_binary) as remote, no_leaks("skyrl"):
         _, outs = rollout(
             [
                 "<read_file>numbers.txt</read_file>",
@@ -57,8 +63,10 @@ def test_wrong_script_scores_0(busybox_image: str, no_leaks: Any) -> None:
                 "<done/>",
             ],
             busybox_image,
+            {"url": remote["ORCHARD_URL"], "api_key": remote["ORCHARD_API_KEY"]},  # keyed service
             task_id="sum-numbers",
         )
+        skyrl.close_clients()  # before the service goes
     texts = [o["observations"][0]["content"] for o in outs[:3]]
     assert texts[0] == "3\n4\n5\n"
     assert texts[1] == "wrote 2 bytes to /work/sum.txt"

@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchard.env.config import ServiceConfig
-from orchard.env.server.app import create_app
 from orchard.integrations._shell_tasks import SAMPLE
-from tests.servers import serve_uvicorn
+from tests.integrations.keyed_service import orchard_service
 from tests.swe.fake_openai import FakeOpenAIServer, Reply, tool_call
 
 pytestmark = pytest.mark.timeout(600)
@@ -65,20 +60,6 @@ def scripted(body: dict[str, Any]) -> Reply:
     turn = sum(m["role"] == "tool" for m in body["messages"])
     steps = SCRIPTS[task]
     return Reply(tool_calls=steps[turn]) if turn < len(steps) else Reply(content="done")
-
-
-@contextmanager
-def orchard_service(state_dir: Path, agent_binary: Path) -> Iterator[dict[str, str]]:
-    """A real Orchard service on 127.0.0.1 with auth on; yields the env that reaches it."""
-    key = "vf-test-key"
-    config = ServiceConfig(
-        state_dir=state_dir, api_keys={key: "vf"}, agent_binary=str(agent_binary)
-    )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    with serve_uvicorn(create_app(config), sockets=[sock]):
-        yield {"ORCHARD_URL": f"http://127.0.0.1:{port}", "ORCHARD_API_KEY": key}
 
 
 def test_vf_eval_grades_in_the_sandbox(
