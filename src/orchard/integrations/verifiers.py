@@ -40,6 +40,7 @@ from verifiers.v1.utils.aio import run_shielded  # type: ignore[import-untyped]
 from orchard import AsyncOrchard
 from orchard.env.errors import OrchardError
 from orchard.integrations import _shell_tasks as st
+from orchard.integrations._common import label_value
 
 __all__ = [
     "OrchardChatHarness",
@@ -199,7 +200,9 @@ class OrchardEnv(vf.Env[OrchardEnvConfig]):  # type: ignore[misc]
         if not isinstance(task, OrchardTask):
             raise TypeError(f"OrchardEnv runs Orchard shell tasks; got {type(task).__name__}")
         shell = task.data.shell
-        image, opts = st.sandbox_options(shell, None, TOOL)
+        run_id = os.environ.get("VF_RUN_ID")  # set by vf-eval: find a run's sandboxes by it
+        extra = {"vf-run": label_value(run_id)} if run_id else None
+        image, opts = st.sandbox_options(shell, None, TOOL, extra)
         async with self._orchard() as client:
             sandbox = await client.sandboxes.create(image, **opts)
             try:
