@@ -139,7 +139,7 @@ class Preparer:
 def _stderr(line: str) -> None:
     from rich.console import Console
 
-    Console(stderr=True).print(line, style="yellow", markup=False, highlight=False)
+    Console(stderr=True).print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 def prepared_sandbox(

@@ -131,7 +131,9 @@ def _preparer(client: Orchard, fork: bool, console: Console | None) -> Preparer:
     """One set-up per task for the batch; the fallback notice goes to the run's console."""
     con = console or Console(stderr=True)
     return Preparer(
-        client, fork=fork, notice=lambda line: con.print(line, style="yellow", markup=False)
+        client,
+        fork=fork,
+        notice=lambda line: con.print(line, style="yellow", markup=False, soft_wrap=True),
     )
 
 
