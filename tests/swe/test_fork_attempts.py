@@ -9,6 +9,10 @@ does on kubernetes.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,6 +37,7 @@ SETUP = (
 TEST_CMD = "/opt/env/bin/python -m pytest --no-header -rA --tb=no -p no:cacheprovider"
 LABELS = {"swe": "fork-test"}
 NO_SNAPSHOTS = "tests.swe.test_fork_attempts:docker_without_snapshots"
+REPLAY = f"replay:{SAMPLE_DIR / 'trajectories'}"
 
 
 def docker_without_snapshots(config: ServiceConfig) -> Any:
@@ -116,7 +121,7 @@ def _distill(client: Orchard, task: Task, out: Path, **opts: Any) -> tuple[Prepa
         return made[-1]
 
     config, _ = load_config()
-    factory = runner.model_factory(f"replay:{SAMPLE_DIR / 'trajectories'}")
+    factory = runner.model_factory(REPLAY)
     orig, runner._preparer = runner._preparer, spy  # type: ignore[assignment]
     try:
         rows = runner.distill(client, [task], factory, config, out, k=2, workers=2, **opts)
@@ -151,3 +156,25 @@ def test_without_snapshots_each_attempt_sets_itself_up(
         assert c.sandboxes.list() == []
     notices = [line for line in capsys.readouterr().err.splitlines() if "fork:" in line]
     assert len(notices) == 1 and "not supported" in notices[0], notices
+
+
+def _cli_run(url: str, out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchard.cli", "swe", "run", "--model", REPLAY, "--out", str(out),
+         "-i", IID, "--setup", SETUP, "--json", *flags],
+        env={**os.environ, "ORCHARD_URL": url, "COLUMNS": "300"},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_cli_setup_and_fork_flags(
+    swe_images: dict[str, str], agent_binary: Path, pytestconfig: pytest.Config, tmp_path: Path
+) -> None:
+    with embedded_client(pytestconfig, agent_binary, "orch-nosnap-", NO_SNAPSHOTS) as c:
+        assert c.target.uds is not None
+        url = f"unix://{c.target.uds}"
+        for flag, notices in (("--fork", 1), ("--no-fork", 0)):
+            proc = _cli_run(url, tmp_path / flag, flag)
+            assert proc.returncode == 0, proc.stderr
+            assert json.loads(proc.stdout)["resolved_instances"] == 1
+            assert proc.stderr.count("fork: snapshots not supported") == notices, proc.stderr
