@@ -15,11 +15,12 @@ prepared state, and its attempts start from the image as before.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from orchard.env.errors import NotSupported
+from orchard.env.errors import NotSupported, OrchardError
 from orchard.swe.tasks import Task
 
 if TYPE_CHECKING:
@@ -101,8 +102,9 @@ class Preparer:
         """Delete a task's snapshot (its running copies keep their files)."""
         with self._lock:
             snap = self._snapshots.pop(task_id, None)
-        if snap is not None:
-            self.client.snapshots.delete(snap)
+        if snap is not None:  # an error: gone already (its time to live), or it expires
+            with contextlib.suppress(OrchardError):
+                self.client.snapshots.delete(snap)
 
     def close(self) -> None:
         for task_id in list(self._snapshots):
