@@ -5,7 +5,14 @@ A "prepared SWE sample": a repository-like tree (2,000 small files, a 20 MiB blo
 from it; the peer is 8 fresh creates that each run the set-up. Per backend (docker,
 local), each in its own in-process service.
 
-    .venv/bin/python bench/state.py [--backends docker,local] [--n 8] [--rounds 20]
+"SWE set-up once + fork" (`swe_fork`) does the same with the SWE sample task
+`intervals-1` (its image, built offline) and a task set-up that stands in for an install
+(a virtualenv, the image's Python copied in as its dependencies and byte-compiled, the
+tests collected): `sb.fork(8)` of the prepared sandbox, and what `orchard swe distill -k 8`
+does (`orchard.swe.prepare.Preparer`: one set-up, 8 attempts from its snapshot), against 8
+fresh creates that each run the set-up, all 8 at once.
+
+    .venv/bin/python bench/state.py [--backends docker,local] [--n 8] [--rounds 20] [--no-swe]
 """
 
 from __future__ import annotations
@@ -31,6 +38,20 @@ SETUP = (
     'for i in $(seq 2000); do echo "line $i" > src/f$i.py; done && '
     "dd if=/dev/urandom of=/repo/blob bs=1M count=20 2>/dev/null && sync"
 )
+
+
+# Offline stand-in for a SWE task's install step (no package index to install from).
+SWE_SETUP = (
+    "set -e; python3 -m venv --without-pip --system-site-packages /opt/env; "
+    "sp=$(/opt/env/bin/python -c 'import site; print(site.getsitepackages()[0])'); "
+    "lib=$(python3 -c 'import os; print(os.path.dirname(os.__file__))'); "
+    'mkdir -p "$sp/vendor"; cp -a "$lib/." "$sp/vendor/"; '
+    'find "$sp/vendor" -name __pycache__ -prune -exec rm -rf {} +; '
+    '/opt/env/bin/python -m compileall -q "$sp/vendor" > /dev/null || true; '
+    "/opt/env/bin/python -m pytest -q --co -p no:cacheprovider > /dev/null; "
+    "echo prepared > /opt/env/ok"
+)
+SWE_TASK = "orchard-samples__intervals-1"
 
 
 def _client(backend: str, state: Path) -> Orchard:
@@ -89,12 +110,103 @@ def _bench(backend: str, image: str, n: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def _swe_task() -> Any:
+    from orchard.swe.images import task_image
+    from orchard.swe.tasks import sample_tasks
+
+    task = next(t for t in sample_tasks() if t.instance_id == SWE_TASK)
+    task_image(task)
+    return task.model_copy(update={"setup_script": SWE_SETUP})
+
+
+def _prepared(sandboxes: list[Any]) -> None:
+    for sb in sandboxes:
+        assert sb.exec("cat /opt/env/ok").stdout.strip() == "prepared", sb.id
+
+
+def _swe_attempts(c: Orchard, task: Any, n: int, fork: bool) -> tuple[float, int]:
+    """n prepared sandboxes the way `orchard swe distill -k n` gets them; (seconds, set-ups)."""
+    from orchard.swe.prepare import Preparer
+
+    with Preparer(c, fork=fork) as prep, ThreadPoolExecutor(n) as pool:
+        t0 = time.perf_counter()
+        got = list(pool.map(lambda _: prep.start(task, labels=common.LABELS), range(n)))
+        took = time.perf_counter() - t0
+        try:
+            _prepared(got)
+        finally:
+            for sb in got:
+                sb.delete()
+        return took, sum(prep.setups.values())
+
+
+def _bench_swe_fork(backend: str, n: int) -> dict[str, Any]:
+    """Fork xn of a prepared SWE sample sandbox vs n fresh creates + the same set-up."""
+    from orchard.swe.prepare import run_setup
+
+    task = _swe_task()
+    state = Path(tempfile.mkdtemp(prefix="ob-swe-"))
+    with _client(backend, state) as c:
+        c.sandboxes.create(task.image).delete()  # the image in the backend's store first
+        t0 = time.perf_counter()
+        src = c.sandboxes.create(task.image, labels=common.LABELS)
+        run_setup(src, task)
+        setup_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with src.fork(n, labels=common.LABELS) as forks:
+            fork_s = time.perf_counter() - t0
+            assert len(forks) == n, forks.errors
+            _prepared(list(forks))
+            snap = forks.snapshot
+        assert snap is not None
+        c.snapshots.delete(snap.id)
+        src.delete()
+        swe_s, swe_setups = _swe_attempts(c, task, n, fork=True)
+        fresh_s, fresh_setups = _swe_attempts(c, task, n, fork=False)
+    assert (swe_setups, fresh_setups) == (1, n)
+    return {
+        "setup_s": setup_s,
+        "fork_s": fork_s,
+        "swe_fork_s": swe_s,
+        "create_setup_s": fresh_s,
+        "speedup_fork": fresh_s / fork_s,
+        "speedup_swe": fresh_s / swe_s,
+        "snapshot_mib": snap.size_bytes / (1 << 20),
+    }
+
+
+def _swe_table(results: dict[str, dict[str, Any]], n: int) -> None:
+    rows = [
+        [
+            b,
+            f"{r['setup_s']:.2f} s",
+            f"{r['fork_s']:.2f} s",
+            f"{r['swe_fork_s']:.2f} s",
+            f"{r['create_setup_s']:.2f} s",
+            f"{r['speedup_fork']:.1f}x / {r['speedup_swe']:.1f}x",
+            f"{r['snapshot_mib']:.1f} MiB",
+        ]
+        for b, r in results.items()
+    ]
+    headers = [
+        "backend",
+        "create + set-up (one)",
+        f"fork x{n} of it",
+        f"swe: set-up once + {n} attempts",
+        f"{n} creates + set-up each",
+        "speed-up (fork / swe)",
+        "snapshot",
+    ]
+    print(common.table(f"SWE sample {SWE_TASK}: set-up once + fork", headers, rows))
+
+
 def main(cleanup: common.Cleanup) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--backends", default="docker,local")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-swe", action="store_true", help="skip the SWE set-up + fork section")
     args = ap.parse_args()
     image = busybox_image()
     results = {
@@ -121,7 +233,10 @@ def main(cleanup: common.Cleanup) -> int:
         "snapshot / image",
     ]
     print(common.table("Sandbox state", headers, rows))
-    common.write_json("state", {"machine": common.machine(), "results": results})
+    swe = {} if args.no_swe else {b: _bench_swe_fork(b, args.n) for b in args.backends.split(",")}
+    if swe:
+        _swe_table(swe, args.n)
+    common.write_json("state", {"machine": common.machine(), "results": results, "swe_fork": swe})
     return 0
 
 

@@ -38,12 +38,16 @@ def _test_labels(config: pytest.Config) -> dict[str, str]:
 
 
 @contextmanager
-def embedded_client(config: pytest.Config, agent_binary: Path, prefix: str) -> Iterator[Orchard]:
+def embedded_client(
+    config: pytest.Config, agent_binary: Path, prefix: str, backend: str = "auto"
+) -> Iterator[Orchard]:
     """An in-process service whose sandboxes carry the test labels; its state folder (named
     `prefix`...) is removed at the end."""
     state = Path(tempfile.mkdtemp(prefix=prefix))
     labels = _test_labels(config)
-    service = ServiceConfig(state_dir=state, agent_binary=str(agent_binary), extra_labels=labels)
+    service = ServiceConfig(
+        state_dir=state, agent_binary=str(agent_binary), extra_labels=labels, backend=backend
+    )
     client = Orchard(service_config=service)
     try:
         yield client

@@ -53,6 +53,7 @@ class RolloutOptions:
     top_p: float = 0.95
     max_new_tokens: int = 4096
     seed: int | None = None
+    fork: bool = True  # SWE: set a task up once per group, fork its episodes (docs/swe.md)
 
 
 @dataclass

@@ -50,14 +50,33 @@ ModelOpt = Annotated[
 ModeOpt = Annotated[
     str, typer.Option("--mode", help="text (```bash blocks) or tool (a bash tool).")
 ]
+ForkOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fork/--no-fork",
+        help="Set a task with a set-up up once and start its attempts and gradings as copies "
+        "of that state (where the backend keeps snapshots; else each runs the set-up).",
+    ),
+]
+SetupOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--setup",
+        help="A bash script run in each task's folder before its attempts (the tasks' own "
+        "`setup_script`, replaced).",
+    ),
+]
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="Harness YAML (default: the built-in one).")
 ]
 
 
-def _load(tasks: str, instance: list[str] | None) -> list[Any]:
+def _load(tasks: str, instance: list[str] | None, setup: str | None = None) -> list[Any]:
     with bad_request(OSError, ValueError, KeyError):
-        return get_family("swe").load_tasks(tasks, instance)
+        chosen = get_family("swe").load_tasks(tasks, instance)
+    if setup is not None:
+        chosen = [t.model_copy(update={"setup_script": setup}) for t in chosen]
+    return chosen
 
 
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
@@ -116,12 +135,14 @@ def run(
     no_grade: Annotated[bool, typer.Option("--no-grade", help="Only run the agent.")] = False,
     redo: Annotated[bool, typer.Option("--redo", help="Run finished instances again.")] = False,
     label: LabelOpt = None,
+    fork: ForkOpt = True,
+    setup: SetupOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the agent on every task (and grade it); writes preds.json, trajectories, reports."""
     from orchard.swe.runner import model_factory, run_batch
 
-    chosen = _load(tasks, instance)
+    chosen = _load(tasks, instance, setup)
     agent_cfg, model_cfg = _setup(mode, config, step_limit)
     factory = model_factory(model, name=model_name, mode=mode, params=model_cfg)
     with connect(ctx) as client:
@@ -135,6 +156,7 @@ def run(
             do_grade=not no_grade,
             redo=redo,
             labels=labels(label),
+            fork=fork,
         )
     _print_summary(summary, as_json)
 
@@ -150,13 +172,14 @@ def eval_(
     workers: WorkersOpt = 1,
     redo: Annotated[bool, typer.Option("--redo", help="Grade graded instances again.")] = False,
     label: LabelOpt = None,
+    setup: SetupOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Grade predictions from any source; per-instance report.json and a summary."""
     from orchard.swe.grading import load_predictions
     from orchard.swe.runner import evaluate
 
-    chosen = _load(tasks, None)
+    chosen = _load(tasks, None, setup)
     with connect(ctx) as client:
         summary = evaluate(
             client,
@@ -183,18 +206,28 @@ def distill(
     config: ConfigOpt = None,
     instance: InstanceOpt = None,
     label: LabelOpt = None,
+    fork: ForkOpt = True,
+    setup: SetupOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a teacher k times per task, grade each attempt, write dataset.jsonl / .parquet."""
     from orchard.swe.runner import distill as run_distill
     from orchard.swe.runner import model_factory
 
-    chosen = _load(tasks, instance)
+    chosen = _load(tasks, instance, setup)
     agent_cfg, model_cfg = _setup(mode, config, None)
     factory = model_factory(model, name=model_name, mode=mode, params=model_cfg)
     with connect(ctx) as client:
         rows = run_distill(
-            client, chosen, factory, agent_cfg, out, k=k, workers=workers, labels=labels(label)
+            client,
+            chosen,
+            factory,
+            agent_cfg,
+            out,
+            k=k,
+            workers=workers,
+            labels=labels(label),
+            fork=fork,
         )
     counts = {"rows": len(rows), "resolved": sum(1 for r in rows if r["resolved"])}
     if as_json:

@@ -304,6 +304,14 @@ def grpo(
         Path | None,
         typer.Option("--config", "-c", help="JSON/YAML with more GRPORunConfig fields."),
     ] = None,
+    fork: Annotated[
+        bool | None,
+        typer.Option(
+            "--fork/--no-fork",
+            help="swe: set a task up once per group and fork its episodes (default: on, "
+            "where the backend keeps snapshots).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """GRPO with BAR on one family's tasks, episodes in Orchard sandboxes (ORCHARD_URL, or an
@@ -324,6 +332,8 @@ def grpo(
         "stride": stride,
         **_overrides(config),
     }
+    if fork is not None:
+        fields["fork"] = fork
     cfg = GRPORunConfig(**fields)
     sandbox_labels = labels(label)
     with bad_request(OSError, ValueError, KeyError):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from orchard.swe.grading import Prediction, grade
 from orchard.swe.harness import FormatError, SandboxEnv, parse_action
+from orchard.swe.prepare import Preparer
 from orchard.swe.tasks import Task
 from orchard.train.tokenize import Trajectory, detect_mode
 
@@ -29,7 +30,11 @@ def annotate_tests(
     """
     mode = detect_mode(traj.messages)
     messages = [dict(m) for m in traj.messages]
-    with client.sandboxes.create(task.image, labels={"train": "replay"}, timeout_s=7200) as sb:
+    # A task with a set-up is set up once: the replay and every grading are copies of it.
+    with (
+        Preparer(client) as preparer,
+        preparer.start(task, labels={"train": "replay"}) as sb,
+    ):
         env = SandboxEnv(sb, task.workdir)
         last = env.diff()
         for i in traj.assistant_indices:
@@ -42,7 +47,8 @@ def annotate_tests(
             if diff == last:
                 continue
             last = diff
-            report = grade(client, task, Prediction(task.instance_id, diff)).tests_status
+            pred = Prediction(task.instance_id, diff)
+            report = grade(client, task, pred, preparer=preparer).tests_status
             passed = [
                 t
                 for k in ("FAIL_TO_PASS", "PASS_TO_PASS")

@@ -53,6 +53,7 @@ class SweFamily:
                 reward=RewardConfig(options.reward_resolved, options.reward_unresolved),
                 seed=options.seed,
                 labels=options.labels,
+                fork=options.fork,
             )
         )
 

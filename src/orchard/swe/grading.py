@@ -50,6 +50,7 @@ from swebench.harness.utils import (  # type: ignore[import-untyped]
 )
 from swebench.types import TestSpec  # type: ignore[import-untyped]
 
+from orchard.swe.prepare import Preparer, prepared_sandbox
 from orchard.swe.tasks import Task
 
 if TYPE_CHECKING:
@@ -252,8 +253,12 @@ def grade(
     log_dir: Path | None = None,
     test_timeout_s: float = 1800,
     labels: dict[str, str] | None = None,
+    preparer: Preparer | None = None,
 ) -> GradeResult:
     """Grade one prediction in a fresh sandbox (always deleted); write logs and report.json.
+
+    A task with a set-up is graded in a prepared sandbox: a copy of `preparer`'s prepared
+    state for it, else a fresh one that runs the set-up first.
 
     :raises UngradableTask: for a classic SWE-bench row without an eval script.
     """
@@ -263,8 +268,8 @@ def grade(
     run_log: list[str] = [f"instance {task.instance_id} image {task.image}"]
     test_log = ""
     try:
-        with client.sandboxes.create(
-            task.image, labels={"swe": "grade", **(labels or {})}, timeout_s=7200
+        with prepared_sandbox(
+            client, task, {"swe": "grade", **(labels or {})}, preparer=preparer
         ) as sb:
             if patch and patch.strip():
                 cmd, apply_log = apply_patch(sb, task, patch)

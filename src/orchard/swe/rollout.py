@@ -6,20 +6,27 @@ included), grades the submission in another fresh sandbox, and returns an
 `Episode[EpisodeResult]` rewarded by `RewardConfig` (resolved or not). A failed sandbox or
 grading is ABORTED with no reward, which BAR treats as backfill. `swe_runner_factory`
 gives `BARRolloutFunc` one runner per training step.
+
+A group (BAR's k samples of one task) sets a task with a set-up up once: the runner's
+`group(task)` scope keeps the prepared snapshot for the group's episodes and their
+gradings and drops it at the end (`orchard.swe.prepare`; `fork=False` runs the set-up in
+every episode, as a backend without snapshots does).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchard.agents.llm import BASH_TOOL
 from orchard.swe.grading import Prediction, grade
 from orchard.swe.harness import AgentConfig, SandboxEnv, run_agent
+from orchard.swe.prepare import Preparer, prepared_sandbox
 from orchard.swe.tasks import Task
 from orchard.train.bar import Episode, Outcome, RewardConfig
 from orchard.train.rollout import (
@@ -53,6 +60,16 @@ class SweRolloutRunner:
     max_new_tokens: int = 4096
     labels: dict[str, str] = field(default_factory=dict)
     grade_timeout_s: float = 600
+    preparer: Preparer | None = None  # one set-up per group; None: one per episode
+
+    @contextmanager
+    def group(self, task: Task) -> Iterator[None]:
+        """A group of episodes of `task` from one set-up (dropped at the end)."""
+        try:
+            yield
+        finally:
+            if self.preparer is not None:
+                self.preparer.release(task.instance_id)
 
     def run(self, task: Task) -> Episode[EpisodeResult]:
         start = time.monotonic()
@@ -67,14 +84,19 @@ class SweRolloutRunner:
         )
         labels = {"train": "rollout", **self.labels}
         try:
-            with self.client.sandboxes.create(task.image, labels=labels, timeout_s=7200) as sb:
+            with prepared_sandbox(self.client, task, labels, preparer=self.preparer) as sb:
                 env = SandboxEnv(sb, task.workdir, self.agent_config.env)
                 traj = run_agent(task, policy, env, self.agent_config)
             resolved = False
             if traj.exit_status == "Submitted" and traj.submission.strip():
                 pred = Prediction(task.instance_id, traj.submission, policy.name)
                 graded = grade(
-                    self.client, task, pred, test_timeout_s=self.grade_timeout_s, labels=labels
+                    self.client,
+                    task,
+                    pred,
+                    test_timeout_s=self.grade_timeout_s,
+                    labels=labels,
+                    preparer=self.preparer,
                 )
                 if graded.verify_status == "ERROR":
                     raise RuntimeError(graded.error or "grading failed")
@@ -119,8 +141,14 @@ def swe_runner_factory(
     reward: RewardConfig | None = None,
     seed: int | None = None,
     labels: dict[str, str] | None = None,
+    fork: bool = True,
 ) -> Callable[[Any], SweRolloutRunner]:
-    """SWE runners that sample from the trainer's current model (its weights at this step)."""
+    """SWE runners that sample from the trainer's current model (its weights at this step).
+
+    `fork`: each group sets its task up once and forks its episodes from that state
+    (where the backend keeps snapshots); one preparer for the run, so its fallback notice
+    is said once."""
+    preparer = Preparer(client, fork=fork)
 
     def make(gen: Generator) -> SweRolloutRunner:
         return SweRolloutRunner(
@@ -131,6 +159,7 @@ def swe_runner_factory(
             reward or RewardConfig(),
             max_new_tokens,
             labels={**(labels or {}), "train.run": uuid.uuid4().hex[:8]},
+            preparer=preparer,
         )
 
     return trainer_runners(tokenizer, make, temperature=temperature, top_p=top_p, seed=seed)

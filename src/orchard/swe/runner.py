@@ -33,6 +33,7 @@ from orchard.agents.llm import ChatModel
 from orchard.agents.runs import Run, run_pool
 from orchard.swe.grading import GradeResult, Prediction, grade, summary
 from orchard.swe.harness import AgentConfig, SandboxEnv, run_agent
+from orchard.swe.prepare import Preparer, prepared_sandbox
 from orchard.swe.tasks import Task
 from orchard.swe.trajectory import SweTrajectory
 
@@ -95,15 +96,16 @@ def attempt(
     out: Path,
     *,
     do_grade: bool = True,
+    preparer: Preparer | None = None,
 ) -> Attempt:
-    """One agent run in a fresh sandbox, then (optionally) grading in another fresh one."""
+    """One agent run in a fresh sandbox, then (optionally) grading in another fresh one;
+    both in the task's prepared state (from `preparer`: one set-up for all attempts)."""
     out.mkdir(parents=True, exist_ok=True)
     traj: SweTrajectory | None = None
     error = None
     try:
-        with run.client.sandboxes.create(
-            task.image, labels={"swe": "agent", **run.labels}, timeout_s=7200
-        ) as sb:
+        labels = {"swe": "agent", **run.labels}
+        with prepared_sandbox(run.client, task, labels, preparer=preparer) as sb:
             env = SandboxEnv(sb, task.workdir, config.env)
             traj = run_agent(task, model, env, config, out / f"{task.instance_id}.traj.json")
     except Exception as e:  # one broken instance must not end the batch
@@ -119,8 +121,20 @@ def attempt(
     _write_log(out / "run.log", traj, error)
     if do_grade and not run.stop.is_set():
         pred = Prediction(task.instance_id, result.patch, model.name)
-        result.grade = grade(run.client, task, pred, log_dir=out / "eval", labels=run.labels)
+        result.grade = grade(
+            run.client, task, pred, log_dir=out / "eval", labels=run.labels, preparer=preparer
+        )
     return result
+
+
+def _preparer(client: Orchard, fork: bool, console: Console | None) -> Preparer:
+    """One set-up per task for the batch; the fallback notice goes to the run's console."""
+    con = console or Console(stderr=True)
+    return Preparer(
+        client,
+        fork=fork,
+        notice=lambda line: con.print(line, style="yellow", markup=False, soft_wrap=True),
+    )
 
 
 def _resolved_status(results: list[Any]) -> str:
@@ -150,18 +164,33 @@ def run_batch(
     redo: bool = False,
     console: Console | None = None,
     labels: dict[str, str] | None = None,
+    fork: bool = True,
 ) -> dict[str, Any]:
-    """The harness over `tasks`; writes preds.json, trajectories, logs, reports, summary.json."""
+    """The harness over `tasks`; writes preds.json, trajectories, logs, reports, summary.json.
+
+    `fork`: a task with a set-up is set up once, and its agent run and grading start as
+    copies of that state (where the backend keeps snapshots; else each runs the set-up)."""
     out.mkdir(parents=True, exist_ok=True)
     preds_path = out / "preds.json"
     preds = {} if redo else _read_json(preds_path)
     tasks = list(tasks)
     lock = threading.Lock()
 
-    def job(task: Task) -> Callable[[Run], Attempt]:
+    def job(task: Task, preparer: Preparer) -> Callable[[Run], Attempt]:
         def fn(run: Run) -> Attempt:
             model = factory(task)
-            a = attempt(run, task, model, config, out / task.instance_id, do_grade=do_grade)
+            try:
+                a = attempt(
+                    run,
+                    task,
+                    model,
+                    config,
+                    out / task.instance_id,
+                    do_grade=do_grade,
+                    preparer=preparer,
+                )
+            finally:
+                preparer.release(task.instance_id)
             if run.stop.is_set():  # interrupted: leave it to be run again on resume
                 return a
             with lock:  # preds.json is shared: read-modify-write under the lock
@@ -178,16 +207,17 @@ def run_batch(
         return fn
 
     todo = [t for t in tasks if t.instance_id not in preds]
-    run_pool(
-        client,
-        [(t.instance_id, job(t)) for t in todo],
-        workers,
-        "swe run",
-        _resolved_status,
-        console,
-        labels,
-        kind="swe",
-    )
+    with _preparer(client, fork, console) as preparer:
+        run_pool(
+            client,
+            [(t.instance_id, job(t, preparer)) for t in todo],
+            workers,
+            "swe run",
+            _resolved_status,
+            console,
+            labels,
+            kind="swe",
+        )
     return _summarise(tasks, out, _read_json(preds_path))
 
 
@@ -261,20 +291,36 @@ def distill(
     workers: int = 1,
     console: Console | None = None,
     labels: dict[str, str] | None = None,
+    fork: bool = True,
 ) -> list[dict[str, Any]]:
     """Run the teacher k times per task, grade every attempt, and write the training set
-    (`dataset.jsonl` and `dataset.parquet`): one row per attempt, resolved or not."""
+    (`dataset.jsonl` and `dataset.parquet`): one row per attempt, resolved or not.
+
+    `fork`: a task with a set-up is set up once; its k attempts and their gradings start
+    as copies of that state (where the backend keeps snapshots; else each runs it)."""
     tasks = list(tasks)
     out.mkdir(parents=True, exist_ok=True)
+    left = {t.instance_id: k for t in tasks}  # attempts to go: the last one releases
+    lock = threading.Lock()
 
-    def job(task: Task, j: int) -> Callable[[Run], dict[str, Any]]:
+    def finished(preparer: Preparer, task_id: str) -> None:
+        with lock:
+            left[task_id] -= 1
+            last = left[task_id] == 0
+        if last:
+            preparer.release(task_id)
+
+    def job(task: Task, j: int, preparer: Preparer) -> Callable[[Run], dict[str, Any]]:
         def fn(run: Run) -> dict[str, Any]:
-            adir = out / task.instance_id / f"attempt-{j}"
-            row_path = adir / "row.json"
-            if row_path.exists():
-                return dict(json.loads(row_path.read_text()))
-            model = factory(task)
-            a = attempt(run, task, model, config, adir)
+            try:
+                adir = out / task.instance_id / f"attempt-{j}"
+                row_path = adir / "row.json"
+                if row_path.exists():
+                    return dict(json.loads(row_path.read_text()))
+                model = factory(task)
+                a = attempt(run, task, model, config, adir, preparer=preparer)
+            finally:
+                finished(preparer, task.instance_id)
             row = _row(task, j, model, a)
             if not run.stop.is_set():  # an interrupted attempt is redone on resume
                 row_path.write_text(json.dumps(row))
@@ -282,12 +328,12 @@ def distill(
 
         return fn
 
-    jobs = [(f"{t.instance_id}#{j}", job(t, j)) for t in tasks for j in range(k)]
-
     def status(rows: list[Any]) -> str:
         return f"resolved {sum(1 for r in rows if r['resolved'])}/{len(rows)}"
 
-    rows = run_pool(client, jobs, workers, "swe distill", status, console, labels, kind="swe")
+    with _preparer(client, fork, console) as preparer:
+        jobs = [(f"{t.instance_id}#{j}", job(t, j, preparer)) for t in tasks for j in range(k)]
+        rows = run_pool(client, jobs, workers, "swe distill", status, console, labels, kind="swe")
     rows.sort(key=lambda r: (r["instance_id"], r["attempt"]))
     write_dataset(rows, out)
     return rows

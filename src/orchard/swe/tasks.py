@@ -46,6 +46,9 @@ class Task(BaseModel):
     image: str = ""
     workdir: str = DEFAULT_WORKDIR
     test_cmd: str = DEFAULT_TEST_CMD
+    # Environment preparation (a checkout, an install ...) run once per task, in `workdir`,
+    # before its attempts; they start as copies of the prepared state (swe/prepare.py).
+    setup_script: str = ""
     # SWE-bench 5 rows carry their own eval script, parser and grading mode.
     eval_script: str = ""
     log_parser: str = "parse_log_pytest"

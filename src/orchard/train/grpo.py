@@ -38,6 +38,7 @@ class GRPORunConfig:
     tasks_per_step: int = 1  # groups per optimizer step (per device)
     max_replacements: int = 2  # tasks drawn to replace a group the filter drops
     concurrency: int | None = None  # episodes run at once (default: stride)
+    fork: bool = True  # a group sets its task up once and forks its episodes (SWE)
     learning_rate: float = 1e-6
     epsilon: float = 0.2
     epsilon_high: float = 0.28
@@ -185,6 +186,7 @@ def run_grpo(
         seed=cfg.seed,
         reward_resolved=cfg.reward_resolved,
         reward_unresolved=cfg.reward_unresolved,
+        fork=cfg.fork,
     )
     with family.rollouts(client, tokenizer, opts) as rollouts:
         model, tokenizer = load_policy(cfg, model, tokenizer)

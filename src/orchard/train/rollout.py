@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -250,11 +251,20 @@ class EpisodeResult:
 
 
 class RolloutRunner(Protocol):
-    """What the BAR glue needs of a family's episode runner."""
+    """What the BAR glue needs of a family's episode runner (it may also offer
+    `group(task)`, a context manager around each group: see `group_scope`)."""
 
     tokenizer: Any
 
     def run(self, task: Any) -> Episode[EpisodeResult]: ...
+
+
+def group_scope(runner: RolloutRunner, task: Any) -> AbstractContextManager[object]:
+    """The scope of one group (k rollouts of one task): a runner with `group(task)` may
+    prepare the task once for all of them (SWE sets a task up once and forks its
+    episodes); others need none."""
+    group = getattr(runner, "group", None)
+    return group(task) if callable(group) else nullcontext()
 
 
 def episode_sampler(
@@ -333,7 +343,8 @@ class BARRolloutFunc:
     def _group(
         self, runner: RolloutRunner, task: Any, pool: ThreadPoolExecutor
     ) -> BARResult[EpisodeResult]:
-        res = bar_rollout(episode_sampler(runner, task, pool), self.bar)
+        with group_scope(runner, task):
+            res = bar_rollout(episode_sampler(runner, task, pool), self.bar)
         self.stats.tasks += 1
         self.stats.episodes += res.generated
         self.stats.rules[res.rule] = self.stats.rules.get(res.rule, 0) + 1
