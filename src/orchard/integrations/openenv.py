@@ -76,6 +76,7 @@ class OrchardProvider(ContainerProvider):  # type: ignore[misc]
             "network": network or {"egress": "none"},
         }
         self._sandbox: Any = None  # an orchard Sandbox
+        self._process: str | None = None  # the server's process id, when `cmd` was given
         self._door: LoopbackDoor | None = None
         self._link: tuple[str, float] | None = None  # (url path, expiry)
         self._server_port = SERVER_PORT
@@ -115,12 +116,14 @@ class OrchardProvider(ContainerProvider):  # type: ignore[misc]
         cmd = opts.pop("cmd", None)
         self._sandbox = client.sandboxes.create(
             image,
-            cmd=[] if cmd is None else list(cmd),
+            cmd=[] if cmd is None else None,  # []: the image's own entrypoint, under the agent
             env=dict(env_vars or {}),
             labels=labels_for(TOOL, opts.pop("labels", None)),
             **{k: v for k, v in opts.items() if v is not None},
         )
         try:
+            if cmd is not None:  # a process of ours: its exit and stderr can be reported
+                self._process = self._sandbox.process.start(cmd, tag="openenv-server").id
             if client.target.uds is None:
                 return client.target.base_url.rstrip("/") + self._prefix()
             self._door = LoopbackDoor(client.target.uds, self._prefix, port or 0).start()
@@ -146,20 +149,39 @@ class OrchardProvider(ContainerProvider):  # type: ignore[misc]
                     last = f"HTTP {r.status_code}"
                 except httpx.HTTPError as e:
                     last = f"{type(e).__name__}: {e}"
-                info = self._sandbox.refresh() if self._sandbox is not None else None
-                if info is not None and info.status in ("exited", "failed"):
-                    raise RuntimeError(
-                        f"sandbox {info.id} {info.status} (exit {info.exit_code}) before the"
-                        f" server was healthy: {info.error or last}"
-                    )
+                self._check_alive(last)
                 time.sleep(0.25)
-        raise TimeoutError(f"{base_url} did not become healthy within {timeout_s} s ({last})")
+        raise TimeoutError(
+            f"{base_url} did not become healthy within {timeout_s} s ({last}); the server"
+            f" must listen on port {self._server_port} of the sandbox (server_port=...)"
+        )
+
+    def _check_alive(self, last: str) -> None:
+        """Raise if the sandbox, or the server process we started, has ended."""
+        sb = self._sandbox
+        if sb is None:
+            raise RuntimeError("no container is running: call start_container() first")
+        info = sb.refresh()
+        if info.status in ("exited", "failed"):
+            raise RuntimeError(
+                f"sandbox {info.id} {info.status} (exit {info.exit_code}) before the server"
+                f" was healthy: {info.error or last}"
+            )
+        if self._process is None:
+            return
+        proc = sb.process.get(self._process)
+        if proc.status == "exited":
+            err = sb.process.output(self._process, "stderr").data
+            raise RuntimeError(
+                f"the server exited ({proc.exit_code if proc.signal is None else proc.signal})"
+                f" before it was healthy: {err[-2000:]}"
+            )
 
     def stop_container(self) -> None:
         """Delete the sandbox (and close the door, and the client this provider made)."""
         door, self._door = self._door, None
         sandbox, self._sandbox = self._sandbox, None
-        self._link = None
+        self._link = self._process = None
         try:
             if door is not None:
                 door.stop()
