@@ -3,8 +3,8 @@
 (a) `OrchardProvider`: a real OpenEnv server image (examples/openenv/echo_env, built offline
     and cached by content) runs in an Orchard sandbox; `EnvClient.from_docker_image` reaches
     it through the port proxy: reset, steps, state over the WebSocket session, and HTTP.
-(b) `family_app`: Orchard's SWE and Claw families served by openenv-core's server app;
-    the client's WebSocket session plays a right and a wrong episode of each.
+(b) `family_app`: Orchard's SWE, Claw and GUI (text mode) families served by openenv-core's
+    server app; the client's WebSocket session plays a right and a wrong episode of each.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ pytestmark = pytest.mark.timeout(600)
 ECHO_ENV = REPO_ROOT / "examples" / "openenv" / "echo_env"
 SWE_TASK = "orchard-samples__textkit-1"
 CLAW_TASK = "cal-add-attendee"
+GUI_TASK = "shop-nordwind-shoe-42"  # its shipped solution: open this URL, then done
+GUI_CART_URL = "http://shop.localhost:8000/cart/add?product=p-002&colour=white&size=42&qty=1"
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +246,27 @@ def test_claw_family_with_the_generic_client(
         with httpx.Client(base_url=base, timeout=30) as http:  # the metadata route
             assert http.get("/metadata").json()["name"] == "orchard-claw"
             assert http.get("/health").json()["status"] == "healthy"
+
+
+def test_gui_family_text_mode(no_leaks: Callable[[str], Any], docker_ready: None) -> None:
+    from orchard.gui.image import browser_image
+
+    browser_image()  # built offline once (Debian's Chromium), then reused by tag
+
+    async def play(base: str) -> None:
+        async with GenericEnvClient(base_url=base, message_timeout_s=180) as env:
+            first = await env.reset(task_id=GUI_TASK)
+            obs = first.observation
+            assert "Accessibility tree:" in obs["text"] and "Orchard Shop" in obs["text"]
+            assert {"click", "goto_url", "done"} <= {t["function"]["name"] for t in obs["tools"]}
+            r = await env.step({"tool": "goto_url", "arguments": {"url": GUI_CART_URL}})
+            assert not r.done and "URL: http://shop.localhost" in r.observation["text"]
+            r = await env.step({"tool": "done", "arguments": {"answer": "added"}})
+            assert (r.done, r.reward) == (True, 1.0), r.observation["info"]
+            assert (await env.state())["sandbox_id"]
+            await env.reset(task_id=GUI_TASK)  # the same browser, a clean shop
+            r = await env.step({"tool": "done", "arguments": {"answer": "nothing"}})
+            assert (r.done, r.reward) == (True, 0.0)
+
+    with no_leaks("openenv"), serving(family_app("gui", max_steps=5)) as base:
+        asyncio.run(play(base))
