@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from openenv.core import GenericEnvClient
 
+from orchard import Orchard
 from orchard.env import images
+from orchard.env.config import ServiceConfig
+from orchard.env.server import create_app
 from orchard.integrations._loopback import rewrite_head
-from orchard.integrations.openenv import OrchardProvider
+from orchard.integrations.openenv import OrchardProvider, cleanup
 from orchard.integrations.openenv_families import (
     OrchardEnvClient,
     ToolCallAction,
@@ -32,6 +33,7 @@ from orchard.integrations.openenv_families import (
 from orchard.integrations.openenv_image import server_image
 from tests.conftest import REPO_ROOT
 from tests.integrations.conftest import leftover
+from tests.servers import serve_uvicorn
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -111,6 +113,27 @@ def test_http_routes_and_the_sync_client(echo_image: str, no_leaks: Callable[[st
             provider.stop_container()
 
 
+def test_a_remote_service_gives_a_port_link_url(
+    echo_image: str, agent_binary: Path, tmp_path: Path, no_leaks: Callable[[str], Any]
+) -> None:
+    """With a service URL (TCP, API keys on) the base URL is the port link itself."""
+    config = ServiceConfig(
+        state_dir=tmp_path, agent_binary=str(agent_binary), api_keys={"k-openenv": "alice"}
+    )
+
+    async def play(url: str) -> None:
+        provider = OrchardProvider(url=url, api_key="k-openenv")
+        env = await GenericEnvClient.from_docker_image(echo_image, provider=provider)
+        async with env:
+            assert env._ws_url.startswith(url.replace("http", "ws") + "/p/sb-")
+            assert "k-openenv" not in env._ws_url
+            await env.reset()
+            assert (await env.step({"message": "remote"})).reward == 6.0
+
+    with no_leaks("openenv"), serving(create_app(config)) as url:
+        asyncio.run(play(url))
+
+
 def test_a_server_that_dies_is_reported(debian_image: str, no_leaks: Callable[[str], Any]) -> None:
     with no_leaks("openenv"):
         provider = OrchardProvider()
@@ -123,6 +146,12 @@ def test_a_server_that_dies_is_reported(debian_image: str, no_leaks: Callable[[s
             provider.stop_container()
         with pytest.raises(ValueError, match="unknown options"):
             provider.start_container(debian_image, replicas=2)
+        # what a killed run leaves, `cleanup` finds by label and deletes
+        with Orchard() as client:
+            left = OrchardProvider(client)
+            left.start_container(debian_image, cmd=["sleep", "600"])
+            assert cleanup(client) == 1 and not leftover("openenv")
+            left.stop_container()  # nothing left to delete: no error
 
 
 @pytest.mark.parametrize(
@@ -160,19 +189,8 @@ def test_the_door_moves_requests_under_the_link_one_per_connection() -> None:
 @contextlib.contextmanager
 def serving(app: Any) -> Iterator[str]:
     """`app` under uvicorn on a free loopback port, in a thread; its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(60)
+    with serve_uvicorn(app, host="127.0.0.1", port=0) as server:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
 
 
 def _call(tool: str, **arguments: Any) -> ToolCallAction:
