@@ -222,6 +222,8 @@ def test_swe_family_over_the_websocket_session(
             assert (r.done, r.reward) == (True, 1.0), r.observation.info
             assert r.observation.info["verify_status"] == "RESOLVED_FULL"
             assert (await env.state()).reward == 1.0
+            with pytest.raises(RuntimeError, match="the episode is over"):
+                await env.step(_call("bash", command="true"))
             # a second episode in the same session: submitting nothing scores 0
             await env.reset(task_id=SWE_TASK)
             r = await env.step(_call("bash", command="echo nothing to see"))
@@ -241,6 +243,8 @@ def test_claw_family_with_the_generic_client(
 
     async def play(base: str) -> None:
         async with GenericEnvClient(base_url=base, message_timeout_s=120) as env:
+            with pytest.raises(RuntimeError, match="unknown claw task 'nope'"):
+                await env.reset(task_id="nope")
             first = await env.reset(task_id=CLAW_TASK)
             names = [t["function"]["name"] for t in first.observation["tools"]]
             assert names[-1] == "answer" and all(c.tool in names for c in spec.reference)

@@ -110,7 +110,10 @@ class OrchardProvider(ContainerProvider):  # type: ignore[misc]
             raise RuntimeError("a container is already running: call stop_container() first")
         client = self._connect()
         if port is not None and client.target.uds is None:
-            raise ValueError("port: a remote service's URL is its own; only the in-process one")
+            raise ValueError(
+                "port is the loopback door's, which only the in-process service needs;"
+                " a remote service's URL is its own"
+            )
         opts = {**self._defaults, **kwargs}
         self._server_port = int(opts.pop("server_port", SERVER_PORT))
         cmd = opts.pop("cmd", None)

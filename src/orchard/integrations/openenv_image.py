@@ -125,22 +125,9 @@ def _copy_site(closure: dict[str, tuple[Path, list[str]]], dest: Path) -> None:
 
 
 def _python_minor(image: str) -> str:
-    proc = subprocess.run(
-        [
-            "docker",
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            image,
-            "python3",
-            "-c",
-            "import sys; print('%d.%d' % sys.version_info[:2])",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    argv = ["docker", "run", "--rm", "--network", "none", image, "python3", "-c", probe]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise ImageBuildError(f"cannot run python3 in {image}: {proc.stderr[-1000:]}")
     return proc.stdout.strip()
