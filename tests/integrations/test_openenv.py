@@ -30,6 +30,7 @@ from orchard.integrations.openenv_families import (
     ToolCallAction,
     family_app,
 )
+from orchard.integrations.openenv_families import main as families_main
 from orchard.integrations.openenv_image import server_image
 from tests.conftest import REPO_ROOT
 from tests.integrations.conftest import leftover
@@ -191,6 +192,14 @@ def serving(app: Any) -> Iterator[str]:
     """`app` under uvicorn on a free loopback port, in a thread; its base URL."""
     with serve_uvicorn(app, host="127.0.0.1", port=0) as server:
         yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+
+
+def test_the_family_server_stays_on_loopback_unless_told(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        families_main(["claw", "--host", "0.0.0.0"])
+    assert exc.value.code == 2 and "has no auth of its own" in capsys.readouterr().err
 
 
 def _call(tool: str, **arguments: Any) -> ToolCallAction:

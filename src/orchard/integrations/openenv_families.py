@@ -21,6 +21,7 @@ openenv-core does. See `orchard.integrations._episodes` for each family's tools.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import itertools
 import uuid
 import weakref
@@ -239,6 +240,13 @@ class OrchardEnvClient(EnvClient):  # type: ignore[misc]
         return state
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
@@ -252,7 +260,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-concurrent", type=int, default=8, help="sessions at once")
     parser.add_argument("--max-steps", type=int, default=30, help="tool calls per episode")
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="listen beyond loopback: the server has no auth, and whoever reaches it runs"
+        " commands in sandboxes",
+    )
     args = parser.parse_args(argv)
+    if not (args.allow_remote or _loopback(args.host)):
+        parser.error(
+            f"refusing to listen on {args.host!r}: the server has no auth of its own (anyone"
+            " who reaches it runs commands in sandboxes); use 127.0.0.1, or --allow-remote"
+            " behind your own network policy"
+        )
     app = family_app(
         args.family,
         tasks=args.tasks,
