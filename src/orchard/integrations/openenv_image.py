@@ -7,7 +7,8 @@ registry; here nothing is pulled. The image is Debian minbase with python3
 - the packages the server imports, copied from this Python environment: the server is
   imported once on the host (with uvicorn's protocol classes loaded), and every
   distribution that provided a loaded module is copied whole, with its metadata
-  (a wheelhouse taken from the venv, so no package index is needed);
+  (a wheelhouse taken from the venv, so no package index is needed); a module the server
+  imports only later, at a request, is named with `include`;
 - `DIR` itself (the environment folder, holding `server/app.py`), as the working folder.
 
 The image runs `uvicorn <app> --host 0.0.0.0 --port 8000`, as OpenEnv images do. Tags are
@@ -51,7 +52,7 @@ DEFAULT_EXCLUDE: tuple[str, ...] = ("gradio", "gradio_client")
 # so this one stays clean).
 _CLOSURE = r"""
 import importlib.abc, importlib.metadata as md, json, sys
-skip = set(json.loads(sys.argv[2]))
+skip, extra = (set(json.loads(a)) for a in sys.argv[2:4])
 class Skip(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.partition(".")[0] in skip:
@@ -61,6 +62,9 @@ import uvicorn
 config = uvicorn.Config(sys.argv[1], host="127.0.0.1", port=0)
 config.load()
 import uvicorn.lifespan.on, uvicorn.loops.auto  # noqa: E401 (what uvicorn.run loads later)
+import importlib
+for name in extra:
+    importlib.import_module(name)
 tops = {name.partition(".")[0] for name in list(sys.modules)}
 owners = md.packages_distributions()
 dists = sorted({d for t in tops for d in owners.get(t, ())})
@@ -95,10 +99,12 @@ def _installed() -> str:
     return "\n".join(seen)
 
 
-def _closure(env_dir: Path, app: str, exclude: Sequence[str]) -> dict[str, tuple[Path, list[str]]]:
+def _closure(
+    env_dir: Path, app: str, exclude: Sequence[str], include: Sequence[str]
+) -> dict[str, tuple[Path, list[str]]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(env_dir), *sys.path])}
     proc = subprocess.run(
-        [sys.executable, "-c", _CLOSURE, app, json.dumps(list(exclude))],
+        [sys.executable, "-c", _CLOSURE, app, json.dumps(list(exclude)), json.dumps(list(include))],
         cwd=env_dir,
         env=env,
         capture_output=True,
@@ -157,6 +163,7 @@ def server_image(
     app: str = DEFAULT_APP,
     base: str | None = None,
     exclude: Sequence[str] = DEFAULT_EXCLUDE,
+    include: Sequence[str] = (),
     force: bool = False,
 ) -> str:
     """Return the tag of an OpenEnv server image for `env_dir` (built offline, then reused).
@@ -165,6 +172,7 @@ def server_image(
     :param app: the ASGI app, as uvicorn names it (`module:attribute`, from `env_dir`)
     :param base: the base image (default: Debian minbase + python3, built offline)
     :param exclude: top-level packages to leave out (imported only if present)
+    :param include: modules to add that the server imports only later (at a request)
     :param force: build again even when the tag exists
     :return: the image tag, `orchard-openenv/<folder name>:<content hash>`
     """
@@ -179,6 +187,7 @@ def server_image(
                 base,
                 app,
                 ",".join(sorted(exclude)),
+                ",".join(sorted(include)),
                 sys.version,
                 _tree_digest(folder),
                 _installed(),
@@ -199,7 +208,7 @@ def server_image(
     log.info("building %s from %s", tag, folder)
     with tempfile.TemporaryDirectory(prefix="orchard-openenv-") as tmp:
         ctx = Path(tmp)
-        _copy_site(_closure(folder, app, exclude), ctx / "site")
+        _copy_site(_closure(folder, app, exclude, include), ctx / "site")
         shutil.copytree(folder, ctx / "env", ignore=shutil.ignore_patterns(*_SKIP, "*.pyc"))
         (ctx / "Dockerfile").write_text(_dockerfile(base, app, key))
         proc = subprocess.run(
@@ -229,6 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         help=f"a package to leave out (default: {', '.join(DEFAULT_EXCLUDE)})",
     )
+    parser.add_argument(
+        "--include", action="append", default=[], help="a module the server imports later"
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if the tag exists")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -236,7 +248,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         exclude = DEFAULT_EXCLUDE if args.exclude is None else args.exclude
         print(
             server_image(
-                args.env_dir, app=args.app, base=args.base, exclude=exclude, force=args.force
+                args.env_dir,
+                app=args.app,
+                base=args.base,
+                exclude=exclude,
+                include=args.include,
+                force=args.force,
             )
         )
     except ImageBuildError as e:
