@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from orchard import Orchard
 from orchard.env import images
 from orchard.env.config import ServiceConfig
 from orchard.env.server import create_app
-from orchard.integrations._loopback import rewrite_head
+from orchard.integrations._loopback import LoopbackDoor, rewrite_head
 from orchard.integrations.openenv import OrchardProvider, cleanup
 from orchard.integrations.openenv_families import (
     OrchardEnvClient,
@@ -182,6 +183,37 @@ def test_the_door_moves_requests_under_the_link_one_per_connection() -> None:
     h2c = b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
     data, upgrade = rewrite_head(h2c, "/p/tok") or (b"", True)
     assert not upgrade and b"h2c" not in data and data.endswith(b"Connection: close\r\n\r\n")
+
+
+def test_the_door_passes_one_request_per_connection(tmp_path: Path) -> None:
+    """Pipelined bytes after the first request never reach the service as a request."""
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = str(tmp_path / "svc.sock")
+    with serve_uvicorn(app, uds=sock):
+        door = LoopbackDoor(sock, lambda: "/p/tok").start()
+        try:
+            with socket.create_connection(("127.0.0.1", door.port), timeout=10) as c:
+                c.sendall(
+                    b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                    b"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\n\r\n"
+                )
+                answer = b""
+                while chunk := c.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1
+            with httpx.Client(base_url=door.url, trust_env=False) as http:
+                assert http.get("/ws", params={"a": "1"}).text == "ok"
+        finally:
+            door.stop()
+    assert seen == ["/p/tok/health", "/p/tok/ws"]
 
 
 # ---------------------------------------------------------------- (b) families as environments

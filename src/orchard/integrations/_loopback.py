@@ -23,7 +23,9 @@ from urllib.parse import unquote
 
 _HEAD_LIMIT = 64 * 1024
 _HOP = {b"connection", b"keep-alive", b"proxy-connection"}
+_HEAD_WAIT_S = 60.0
 _BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+_BAD_GATEWAY = b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 class LoopbackDoor:
@@ -102,10 +104,15 @@ class LoopbackDoor:
         upstream: asyncio.StreamWriter | None = None
         try:
             try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _HEAD_WAIT_S)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                 return
-            prefix = await asyncio.to_thread(self._prefix)
+            try:
+                prefix = await asyncio.to_thread(self._prefix)
+            except Exception:  # the link could not be made: the sandbox is gone, say
+                writer.write(_BAD_GATEWAY)
+                await writer.drain()
+                return
             rewritten = rewrite_head(head, prefix)
             if rewritten is None:
                 writer.write(_BAD_REQUEST)
