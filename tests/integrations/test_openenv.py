@@ -299,8 +299,12 @@ def test_claw_family_with_the_generic_client(
             assert r.done and r.reward == 1.0 and r.observation["info"]["passed"]
             state = await env.state()
             assert state["family"] == "claw" and state["reward"] == 1.0 and state["done"]
-            # the same world, reset for the next episode: declining fails the task
-            await env.reset(task_id=CLAW_TASK)
+            # the same world, reset for the next episode: declining fails the task; a second
+            # session at the same time has a world (a sandbox) of its own
+            async with GenericEnvClient(base_url=base, message_timeout_s=120) as other:
+                await asyncio.gather(env.reset(task_id=CLAW_TASK), other.reset(seed=3))
+                mine, theirs = await asyncio.gather(env.state(), other.state())
+                assert mine["sandbox_id"] == state["sandbox_id"] != theirs["sandbox_id"]
             r = await env.step({"tool": "answer", "arguments": {"text": "I cannot do that."}})
             assert r.done and r.reward < 0.75 and not r.observation["info"]["passed"]
 
