@@ -313,6 +313,10 @@ def test_claw_family_with_the_generic_client(
         with httpx.Client(base_url=base, timeout=30) as http:  # the metadata route
             assert http.get("/metadata").json()["name"] == "orchard-claw"
             assert http.get("/health").json()["status"] == "healthy"
+            r = http.post("/reset", json={"task_id": "nope"})  # bad input: a stable code
+            assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_task")
+            r = http.post("/step", json={"action": {"tool": "answer"}})  # stateless: no episode
+            assert (r.status_code, r.json()["error"]["code"]) == (409, "episode_over")
 
 
 def test_gui_family_text_mode(no_leaks: Callable[[str], Any], docker_ready: None) -> None:

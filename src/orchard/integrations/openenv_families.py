@@ -28,6 +28,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fastapi.responses import JSONResponse
 from openenv.core.client_types import StepResult  # type: ignore[import-untyped]
 from openenv.core.env_client import EnvClient  # type: ignore[import-untyped]
 from openenv.core.env_server import (  # type: ignore[import-untyped]
@@ -45,15 +46,32 @@ from orchard.integrations._common import label_value, labels_for
 from orchard.integrations._episodes import EPISODES, Episode
 
 __all__ = [
+    "EpisodeError",
+    "EpisodeOver",
     "FamilyEnvironment",
     "OrchardEnvClient",
     "OrchardObservation",
     "OrchardState",
     "ToolCallAction",
+    "UnknownTask",
     "family_app",
 ]
 
 TOOL = "openenv"
+
+
+class EpisodeError(Exception):
+    """A request the episode cannot take; HTTP answers it as `{"error": {code, message}}`."""
+
+    code, status = "episode_error", 400
+
+
+class UnknownTask(EpisodeError, ValueError):
+    code, status = "unknown_task", 404
+
+
+class EpisodeOver(EpisodeError, RuntimeError):
+    code, status = "episode_over", 409
 
 
 class ToolCallAction(Action):  # type: ignore[misc]
@@ -116,7 +134,7 @@ class FamilyEnvironment(Environment):  # type: ignore[misc]
     ) -> OrchardObservation:
         """Prepare the sandbox for `task_id` (or the `seed`-th task, or the next one)."""
         if task_id is not None and task_id not in self._tasks:
-            raise ValueError(f"unknown {self._family} task {task_id!r}")
+            raise UnknownTask(f"unknown {self._family} task {task_id!r}")
         if task_id is None:
             ids = list(self._tasks)
             task_id = ids[seed % len(ids)] if seed is not None else next(self._order)
@@ -136,7 +154,7 @@ class FamilyEnvironment(Environment):  # type: ignore[misc]
     ) -> OrchardObservation:
         """Run one tool call; the reward comes with `done` (the task graded)."""
         if self._state.task_id is None or self._state.done:
-            raise RuntimeError("the episode is over (or never began): call reset first")
+            raise EpisodeOver("the episode is over (or never began): call reset first")
         outcome = self._episode.call(action.tool, action.arguments)
         self._state.step_count += 1
         if not outcome.done and self._state.step_count >= self._max_steps:
@@ -217,7 +235,13 @@ def family_app(
             orchard.close()
 
     app.router.on_shutdown.append(shutdown)
+    app.add_exception_handler(EpisodeError, _episode_error)
     return app
+
+
+async def _episode_error(request: Any, exc: Exception) -> JSONResponse:
+    code, status = getattr(exc, "code", "episode_error"), getattr(exc, "status", 400)
+    return JSONResponse({"error": {"code": code, "message": str(exc)}}, status_code=status)
 
 
 class OrchardEnvClient(EnvClient):  # type: ignore[misc]
