@@ -42,6 +42,7 @@ from openenv.core.env_server.types import EnvironmentMetadata  # type: ignore[im
 from pydantic import Field
 
 from orchard import Orchard
+from orchard.env.errors import OrchardError
 from orchard.integrations._common import label_value, labels_for
 from orchard.integrations._episodes import EPISODES, Episode
 
@@ -235,11 +236,15 @@ def family_app(
             orchard.close()
 
     app.router.on_shutdown.append(shutdown)
-    app.add_exception_handler(EpisodeError, _episode_error)
+    app.add_exception_handler(EpisodeError, _error)
+    app.add_exception_handler(OrchardError, _error)  # e.g. a task image that is not there
     return app
 
 
-async def _episode_error(request: Any, exc: Exception) -> JSONResponse:
+async def _error(request: Any, exc: Exception) -> JSONResponse:
+    """An episode's or the Orchard service's error as Orchard's JSON error body."""
+    if isinstance(exc, OrchardError):
+        return JSONResponse(exc.to_body(), status_code=exc.status)
     code, status = getattr(exc, "code", "episode_error"), getattr(exc, "status", 400)
     return JSONResponse({"error": {"code": code, "message": str(exc)}}, status_code=status)
 
