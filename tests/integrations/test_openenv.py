@@ -275,6 +275,18 @@ def test_swe_family_over_the_websocket_session(
         asyncio.run(play(base))
 
 
+def test_a_task_the_family_cannot_grade_is_refused_before_any_sandbox(
+    no_leaks: Callable[[str], Any],
+) -> None:
+    from orchard.swe.tasks import Task
+
+    row = Task(instance_id="django__django-11099", repo="django/django", image="x/never:1")
+    with no_leaks("openenv"), serving(family_app("swe", tasks=[row])) as base:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            r = http.post("/reset", json={})
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "ungradable_task")
+
+
 def test_claw_family_with_the_generic_client(
     claw_image: str, no_leaks: Callable[[str], Any]
 ) -> None:

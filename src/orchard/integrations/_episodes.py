@@ -97,11 +97,9 @@ class SweEpisode:
         grade_timeout_s: float = 600.0,
     ) -> None:
         self._client, self._labels = client, dict(labels)
-        self._timeout, self._limit, self._grade_timeout = (
-            command_timeout_s,
-            output_limit_chars,
-            grade_timeout_s,
-        )
+        self._timeout = command_timeout_s
+        self._limit = output_limit_chars
+        self._grade_timeout = grade_timeout_s
         self._task: Any = None
         self._sb: Any = None
         self._env: Any = None  # orchard.swe.harness.SandboxEnv
@@ -116,8 +114,10 @@ class SweEpisode:
         return [BASH_TOOL, SUBMIT_TOOL]
 
     def start(self, task: Any) -> Outcome:
+        from orchard.swe.grading import check_gradable
         from orchard.swe.harness import SandboxEnv
 
+        check_gradable(task)  # before any sandbox: a classic SWE-bench row without a script
         self.close()
         self._task = task
         self._sb = self._client.sandboxes.create(task.image, labels=self._labels, timeout_s=7200)

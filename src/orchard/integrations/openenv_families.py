@@ -66,6 +66,10 @@ class EpisodeError(Exception):
 
     code, status = "episode_error", 400
 
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code or self.code
+
 
 class UnknownTask(EpisodeError, ValueError):
     code, status = "unknown_task", 404
@@ -139,7 +143,12 @@ class FamilyEnvironment(Environment):  # type: ignore[misc]
         if task_id is None:
             ids = list(self._tasks)
             task_id = ids[seed % len(ids)] if seed is not None else next(self._order)
-        outcome = self._episode.start(self._tasks[task_id])
+        try:
+            outcome = self._episode.start(self._tasks[task_id])
+        except ValueError as e:  # a task the family cannot play, with its own stable code
+            if not isinstance(getattr(e, "code", None), str):
+                raise
+            raise EpisodeError(str(e), e.code) from e  # type: ignore[attr-defined]
         self._state = OrchardState(
             episode_id=episode_id or uuid.uuid4().hex,
             family=self._family,
