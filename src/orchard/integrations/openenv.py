@@ -15,8 +15,9 @@ a loopback door to that one link (`orchard.integrations._loopback`). `stop_conta
 deletes the sandbox. Build a server image offline with
 `python -m orchard.integrations.openenv_image DIR` (`openenv_image.server_image`).
 
-Orchard's SWE, Claw and GUI families served as OpenEnv environments are in
-`orchard.integrations.openenv_families` (`family_app`).
+Orchard's SWE, Claw and GUI families served as OpenEnv environments (`family_app`,
+`FamilyEnvironment`, `OrchardEnvClient`, `ToolCallAction`) live in
+`orchard.integrations.openenv_families` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -31,8 +32,21 @@ from openenv.core.containers.runtime import ContainerProvider  # type: ignore[im
 from orchard import Orchard
 from orchard.integrations._common import delete_labelled, labels_for
 from orchard.integrations._loopback import LoopbackDoor
+from orchard.integrations.openenv_families import (
+    FamilyEnvironment,
+    OrchardEnvClient,
+    ToolCallAction,
+    family_app,
+)
 
-__all__ = ["OrchardProvider", "cleanup"]
+__all__ = [
+    "FamilyEnvironment",
+    "OrchardEnvClient",
+    "OrchardProvider",
+    "ToolCallAction",
+    "cleanup",
+    "family_app",
+]
 
 TOOL = "openenv"
 SERVER_PORT = 8000  # where OpenEnv server images listen
