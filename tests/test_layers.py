@@ -15,6 +15,7 @@ FAMILIES = ("orchard.swe", "orchard.gui", "orchard.claw")
 RANKS = {
     "orchard.cli": 5,
     "orchard.demo": 5,
+    "orchard.integrations": 5,  # adapters for other tools: over the families, like the CLI
     **dict.fromkeys(FAMILIES, 4),
     "orchard.train": 3,
     "orchard.agents": 2,

@@ -2,7 +2,8 @@
 
 - `inspect`: an Inspect AI sandbox environment provider (`sandbox=("orchard", IMAGE)`).
 - `harbor`: a Harbor environment (`--env orchard.integrations.harbor:OrchardEnvironment`).
-- `openenv`: an OpenEnv container provider, and Orchard families as OpenEnv environments.
+- `openenv`: an OpenEnv container provider (`openenv_image` builds server images offline);
+  `openenv_families`: Orchard families as OpenEnv environments (openenv-core's server app).
 - `trl`, `verifiers`, `skyrl`: training-loop environments backed by Orchard sandboxes.
 
 Every adapter talks to sandboxes only through the public SDK (`orchard.Orchard`,
