@@ -31,6 +31,11 @@ class SnapshotCreate(WireModel):
     timeout_s: float = Field(
         default=DEFAULT_SNAPSHOT_TTL_S, gt=0, le=MAX_TTL_S, description="time to live"
     )
+    memory: bool = Field(
+        default=False,
+        description="keep processes and memory too (CRIU; local backend): sandboxes made "
+        "from it resume them; 501 memory_not_supported where CRIU cannot",
+    )
 
 
 class SnapshotSettings(WireModel):
@@ -66,6 +71,7 @@ class SnapshotList(WireModel):
 class ForkRequest(WireModel):
     count: int = Field(default=1, ge=1, le=MAX_FORK)
     name: str | None = Field(default=None, max_length=128)
+    memory: bool = Field(default=False, description="fork the running processes too (CRIU)")
     snapshot_timeout_s: float = Field(default=DEFAULT_SNAPSHOT_TTL_S, gt=0, le=MAX_TTL_S)
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
     env: Env = Field(default_factory=dict)

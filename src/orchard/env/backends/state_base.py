@@ -64,6 +64,8 @@ class SnapshotRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     complete: bool = True
     deleted: bool = False
+    # Processes and memory kept too (backends/criu.py), not the files only.
+    memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,15 @@ class Pausable(Protocol):
     async def pause(self, sandbox_id: str) -> SandboxRecord: ...
 
     async def resume(self, sandbox_id: str) -> SandboxRecord: ...
+
+
+@runtime_checkable
+class MemorySnapshotting(Protocol):
+    """Optional: a Snapshotting backend that can also keep processes and memory (CRIU)."""
+
+    def memory_unsupported(self) -> str | None:
+        """None when memory snapshots work on this host, else why not (said in the 501)."""
+        ...
 
 
 @runtime_checkable
