@@ -192,7 +192,9 @@ def source_token(memory: Path) -> str:
 
 async def rekey(socket: Path, old: str, new: str, timeout_s: float = 10.0) -> None:
     """Give a restored agent its own token, authenticated by the one it woke up with."""
-    pool = AsyncPool(uds=str(socket), headers=[("Authorization", f"Bearer {old}")])
+    pool = AsyncPool(
+        uds=str(socket), headers=[("Host", "agent"), ("Authorization", f"Bearer {old}")]
+    )
     body = TokenUpdate(token=new).model_dump_json().encode()
     try:
         ans = await pool.answer(
