@@ -24,6 +24,7 @@ own hostname, and (if networked) its own veth. What makes it work, found by tryi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -48,7 +49,7 @@ CONSOLE_LOG = "/.orchard/console.log"
 # CRIU's options for a restore that runc has no flag for, read from this file (runc's
 # `org.criu.config` annotation); only options CRIU may read twice (it parses it twice).
 RESTORE_CONF = "tcp-close\n"
-MIN_CRIU = (4, 1)
+MIN_CRIU = (4, 2)
 # CRIU lines that are noise here (root without CAP_SYS_RESOURCE cannot raise its rlimit).
 _NOISE = ("Can't setup RLIMIT_NOFILE",)
 
@@ -145,6 +146,39 @@ async def checkpoint(runc: Runc, sandbox_id: str, memory: Path, token: str) -> C
     with os.fdopen(fd, "w") as fh:
         fh.write(token)
     return Checkpoint(ms, await asyncio.to_thread(folder_bytes, memory))
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    return inodes
+
+
+def _host_unix_inodes() -> set[str]:
+    """Unix sockets of this (the host's) network namespace, as /proc/net/unix lists them."""
+    with open("/proc/net/unix") as fh:
+        next(fh)
+        return {fields[6] for line in fh if len(fields := line.split()) > 6}
+
+
+async def wait_unplugged(pid: int, timeout_s: float = 2.0) -> bool:
+    """Wait until process `pid` (a sandbox's agent) holds no Unix connection from outside.
+
+    The end the agent accepted belongs to the connecting side's (the host's) network
+    namespace, so it shows in the host's /proc/net/unix; the agent's own listener does
+    not. False on timeout (a request in flight): CRIU then says what is left.
+    """
+    deadline = time.monotonic() + timeout_s
+    while _socket_inodes(pid) & _host_unix_inodes():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 def restore_config(box: Path, config: dict[str, object]) -> None:

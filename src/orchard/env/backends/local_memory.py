@@ -3,7 +3,7 @@
 A mixin of LocalBackend with three hooks: `_checkpoint` (in the frozen window of a
 snapshot, after its layer copy), `_start` (a create from a memory snapshot restores its
 processes instead of starting the agent) and `_adopt_restored` (the restored agent gets
-its own token, hostname and, with `--empty-ns network`, its loopback up).
+its own token, hostname and loopback).
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from orchard.env.backends import criu
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.backends.host_folders import SOCKET_NAME, HostFolders
 from orchard.env.backends.state_base import SnapshotRecord, SnapshotStore
+
+# The network namespace is not CRIU's to keep: a copy gets a new, empty one (its sockets
+# are restored into it), then its loopback up and, if networked, its own veth and address.
+NETNS = ("--empty-ns", "network")
 
 
 class LocalMemory(HostFolders):
@@ -37,6 +41,9 @@ class LocalMemory(HostFolders):
         preexec: Callable[[], None] | None = None,
     ) -> tuple[int, str]: ...
 
+    @abstractmethod
+    async def _freeze(self, sandbox_id: str, paused: bool) -> None: ...
+
     def memory_unsupported(self) -> str | None:
         return criu.unsupported()
 
@@ -54,21 +61,24 @@ class LocalMemory(HostFolders):
         prefix = "ORCHARD_AGENT_TOKEN="
         return next((e[len(prefix) :] for e in env if e.startswith(prefix)), "")
 
+    async def _unplug(self, sandbox_id: str, meta: Mapping[str, Any], paused: bool) -> None:
+        """Wait (a moment) until the agent closed its end of the service's connections,
+        which the service closed first; a paused agent is thawed meanwhile."""
+        if paused:
+            await self._freeze(sandbox_id, False)
+        await criu.wait_unplugged(int(meta["pid"]))
+
     async def _checkpoint(
         self, sandbox_id: str, meta: Mapping[str, Any], record: SnapshotRecord
     ) -> None:
         """CRIU-dump the (frozen) sandbox's processes next to the snapshot's layer."""
         memory = self.snapshots.folder(record.id) / criu.MEMORY_DIR
-        # The veth is ours, not CRIU's: dump no network namespace, plug a new one later.
-        networked = bool(meta.get("ip"))
-        extra = ("--empty-ns", "network") if networked else ()
         token = self._agent_token(sandbox_id)
-        done = await criu.checkpoint(self._runc_with(extra), sandbox_id, memory, token)
+        done = await criu.checkpoint(self._runc_with(NETNS), sandbox_id, memory, token)
         record.memory = True
         record.extra["memory"] = {
             "checkpoint_ms": round(done.ms, 1),
             "bytes": done.bytes,
-            "empty_netns": networked,
         }
 
     def _memory_image(self, spec: SandboxSpec) -> tuple[Path, SnapshotRecord] | None:
@@ -106,9 +116,8 @@ class LocalMemory(HostFolders):
                 preexec=preexec,
             )
             return rc
-        memory, snap = image
-        extra = ("--empty-ns", "network") if snap.extra["memory"].get("empty_netns") else ()
-        runc = self._runc_with(extra)
+        memory, _ = image
+        runc = self._runc_with(NETNS)
         ms = await criu.restore(
             runc, spec.id, box, memory, pid_file, log_path=log_path, preexec=preexec
         )
@@ -124,7 +133,6 @@ class LocalMemory(HostFolders):
         socket = self._box(spec.id) / SOCKET_NAME
         await criu.rekey(socket, criu.source_token(memory), spec.agent_token)
         await criu.nsenter(pid, "--uts", "hostname", spec.id)
-        if snap.extra["memory"].get("empty_netns"):
-            await criu.nsenter(pid, "--net", "ip", "link", "set", "lo", "up")
+        await criu.nsenter(pid, "--net", "ip", "link", "set", "lo", "up")
         ms = self._restore_ms.pop(spec.id, None)
         self._update_meta(spec.id, restored_from=snap.id, restore_ms=ms)

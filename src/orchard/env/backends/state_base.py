@@ -162,7 +162,7 @@ class SnapshotStore:
             rec = self.read(folder.name)
             if folder.name in used:
                 continue
-            if rec is None or not rec.complete:
+            if rec is None or not (rec.complete or rec.deleted):  # a failed one goes now
                 with contextlib.suppress(OSError):
                     if now - folder.stat().st_mtime < SNAPSHOT_GRACE_S:
                         continue

@@ -145,8 +145,10 @@ class LocalState(LocalMemory):
         self.snapshots.write(record)  # first: a crash from here on leaves a sweepable folder
         layer = self.snapshots.folder(record.id) / "layer"
         layer.mkdir()
-        frozen = rec.state == "running"
-        if frozen:
+        paused = rec.state == "paused"
+        if record.memory:  # a paused agent is thawed a moment to let go of the service
+            await self._unplug(sandbox_id, meta, paused)
+        if not paused or record.memory:
             await self._freeze(sandbox_id, True)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -159,9 +161,10 @@ class LocalState(LocalMemory):
                 await self._checkpoint(sandbox_id, meta, record)
         except BaseException:
             self.snapshots.mark_deleted(record.id)
+            await asyncio.to_thread(self.sweep_snapshots)
             raise
         finally:
-            if frozen:
+            if not paused:
                 await self._freeze(sandbox_id, False)
         if proc.returncode != 0:
             self.snapshots.mark_deleted(record.id)
