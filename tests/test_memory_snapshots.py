@@ -243,3 +243,15 @@ def test_cli_memory_flag(
         assert snap["memory"] is True
         forked = json.loads(cli("sandbox", "fork", sb.id, "-n", "1", "--memory", "--json"))
         assert forked["snapshot"]["memory"] is True and len(forked["sandboxes"]) == 1
+
+
+def test_which_criu_a_kernel_needs_and_its_errors() -> None:
+    assert criu.needed_criu((6, 18)) == (4, 2)
+    assert criu.needed_criu((6, 13)) == (4, 1)
+    assert criu.needed_criu((6, 1)) == (3, 0)
+    log = (
+        "(00.032880) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n"
+        "(00.100000) 1: Error (criu/sk-unix.c:351): unix: Unix socket 5 not found\n"
+        "(00.100001) Warn (x): fine\n"
+    )
+    assert criu.criu_errors(log) == ["Error (criu/sk-unix.c:351): unix: Unix socket 5 not found"]

@@ -9,8 +9,10 @@ layer), then the backend gives the restored agent its own token (`POST /token`),
 own hostname, and (if networked) its own veth. What makes it work, found by trying it
 (docs/state.md has the numbers and the limits):
 
-- CRIU >= 4.1: Debian 12's 3.17 fails on kernels >= 6.13 ("vdso: Unexpected rt vDSO
-  area bounds": the kernel split [vvar_vclock] from [vvar]); scripts/criu.sh builds 4.1.1.
+- CRIU >= 4.2 on kernels >= 6.16: Debian 12's 3.17 fails `criu check` on kernels >= 6.13
+  ("vdso: Unexpected rt vDSO area bounds": the kernel split [vvar_vclock] from [vvar]);
+  4.1 cannot dump a TCP socket on >= 6.16 ("sockets: Can't get 1:16 opt: Operation not
+  supported": SO_PASSCRED is refused there); scripts/criu.sh builds 4.2.1.
 - The agent writes its output to /.orchard/console.log, a file it opens itself inside
   the sandbox (`--log`): CRIU cannot dump the host file runc hands over as stdio ("Can't
   lookup mount=27 for fd=1"), and runc restore reconnects only pipes.
@@ -49,16 +51,29 @@ CONSOLE_LOG = "/.orchard/console.log"
 # CRIU's options for a restore that runc has no flag for, read from this file (runc's
 # `org.criu.config` annotation); only options CRIU may read twice (it parses it twice).
 RESTORE_CONF = "tcp-close\n"
-MIN_CRIU = (4, 2)
 # CRIU lines that are noise here (root without CAP_SYS_RESOURCE cannot raise its rlimit).
 _NOISE = ("Can't setup RLIMIT_NOFILE",)
 
 Runc = Callable[..., Awaitable[tuple[int, str]]]
 
 
+def _numbers(text: str) -> tuple[int, int]:
+    found = re.search(r"(\d+)\.(\d+)", text)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
+def needed_criu(kernel: tuple[int, int]) -> tuple[int, int]:
+    """The oldest CRIU that works on this kernel (what we found, see the module doc)."""
+    if kernel >= (6, 16):
+        return (4, 2)  # SO_PASSCRED refused on TCP sockets: 4.1 cannot dump them
+    if kernel >= (6, 13):
+        return (4, 1)  # [vvar_vclock]: 3.x fails `criu check`
+    return (3, 0)
+
+
 @functools.cache
 def unsupported() -> str | None:
-    """Why memory snapshots cannot work on this host, or None when `criu check` passes."""
+    """Why memory snapshots cannot work on this host, or None when CRIU can."""
     criu = shutil.which("criu")
     if criu is None:
         return "CRIU is not installed (bash scripts/criu.sh installs it)"
@@ -67,16 +82,14 @@ def unsupported() -> str | None:
         check = subprocess.run([criu, "check"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"criu does not run: {exc}"
-    found = re.search(r"Version:\s*(\d+)\.(\d+)", out.stdout)
-    version = (int(found[1]), int(found[2])) if found else (0, 0)
+    version, kernel = _numbers(out.stdout), _numbers(os.uname().release)
+    need = needed_criu(kernel)
+    if version < need:
+        v, k, n = (".".join(map(str, x)) for x in (version, kernel, need))
+        return f"CRIU {v} is too old for kernel {k} (needs >= {n}: bash scripts/criu.sh)"
     if check.returncode != 0:
         errors = criu_errors(check.stdout + check.stderr)
-        hint = (
-            " (kernel >= 6.13 needs CRIU >= 4.1: bash scripts/criu.sh)"
-            if version < MIN_CRIU
-            else ""
-        )
-        return f"`criu check` fails: {'; '.join(errors[-2:]) or 'no output'}{hint}"
+        return f"`criu check` fails: {'; '.join(errors[-2:]) or 'no output'}"
     return None
 
 
