@@ -185,6 +185,18 @@ def test_memory_snapshot_of_a_paused_sandbox(local: Orchard, busybox_image: str)
             _counting(copy, _count(copy))
 
 
+def test_memory_snapshot_of_a_copy_with_a_disk_limit(local: Orchard, busybox_image: str) -> None:
+    src = local.sandboxes.create(busybox_image, disk="64m")  # its upper on a tmpfs
+    src.process.start(COUNTER)
+    _counting(src, 3)
+    first = local.sandboxes.create(snapshot=src.snapshot(memory=True).id, disk="128m")
+    first.exec("echo hi > /made-in-first")
+    second = local.sandboxes.create(snapshot=first.snapshot(memory=True).id)
+    assert second.exec("cat /made-in-first").stdout == "hi\n"
+    _counting(second, _count(second))
+    assert second.exec("df -k / | tail -1").stdout.split()[1] == str(128 << 10)
+
+
 def test_no_criu_is_a_clear_501(
     local: Orchard, busybox_image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
