@@ -93,8 +93,8 @@ def unsupported() -> str | None:
     return None
 
 
-def require_support() -> None:
-    why = unsupported()
+def require_support(why: str | None) -> None:
+    """Raise the 501 if `why` (what `unsupported()` said) is a reason."""
     if why is not None:
         raise MemoryNotSupported(
             f"memory snapshots are not available: {why}", details={"reason": why}

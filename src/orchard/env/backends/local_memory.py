@@ -8,6 +8,7 @@ its own token, hostname and loopback).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
@@ -44,8 +45,8 @@ class LocalMemory(HostFolders):
     @abstractmethod
     async def _freeze(self, sandbox_id: str, paused: bool) -> None: ...
 
-    def memory_unsupported(self) -> str | None:
-        return criu.unsupported()
+    async def memory_unsupported(self) -> str | None:
+        return await asyncio.to_thread(criu.unsupported)  # `criu check`, once per process
 
     def _runc_with(self, options: tuple[str, ...]) -> criu.Runc:
         """`_runc` with these options after the verb (e.g. `--empty-ns network`)."""

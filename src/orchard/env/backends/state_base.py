@@ -88,7 +88,7 @@ class Pausable(Protocol):
 class MemorySnapshotting(Protocol):
     """Optional: a Snapshotting backend that can also keep processes and memory (CRIU)."""
 
-    def memory_unsupported(self) -> str | None:
+    async def memory_unsupported(self) -> str | None:
         """None when memory snapshots work on this host, else why not (said in the 501)."""
         ...
 

@@ -132,7 +132,7 @@ class LocalState(LocalMemory):
 
     async def snapshot(self, sandbox_id: str, record: SnapshotRecord) -> SnapshotRecord:
         if record.memory:
-            criu.require_support()
+            criu.require_support(await self.memory_unsupported())
         meta, rec = await self._running(sandbox_id)
         env, cwd = self._process_config(sandbox_id)
         record.complete = False

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from orchard.env.backends.base import Backend, SandboxRecord, SandboxSpec
+from orchard.env.backends.criu import require_support
 from orchard.env.backends.state_base import (
     MemorySnapshotting,
     Pausable,
@@ -22,7 +23,7 @@ from orchard.env.backends.state_base import (
     check_snapshot_id,
     new_snapshot_id,
 )
-from orchard.env.errors import MemoryNotSupported, NotFound, NotSupported, SandboxPaused
+from orchard.env.errors import NotFound, NotSupported, SandboxPaused
 from orchard.env.models import BatchCreateResult, Sandbox, SandboxCreate
 from orchard.env.state_models import (
     FileDiff,
@@ -71,17 +72,16 @@ def _snapshotting(svc: SandboxService) -> Snapshotting:
     return svc.backend
 
 
-def _memory_capable(svc: SandboxService) -> None:
+async def _memory_capable(svc: SandboxService) -> None:
     backend = svc.backend
     if isinstance(backend, MemorySnapshotting):
-        why = backend.memory_unsupported()
+        why = await backend.memory_unsupported()
     elif backend.name == "docker":
         why = "the docker backend keeps files only (docker checkpoint needs the engine's "
         why += "experimental mode and restores only into the container it was taken of)"
     else:
         why = f"the {backend.name} backend keeps files only"
-    if why is not None:
-        raise MemoryNotSupported(f"memory snapshots: {why}", details={"reason": why})
+    require_support(why)
 
 
 def paused_error(sandbox_id: str) -> SandboxPaused:
@@ -137,7 +137,7 @@ async def take_snapshot(
     backend = _snapshotting(svc)
     rec = await svc.live_or_paused(owner, sandbox_id)
     if body.memory:
-        _memory_capable(svc)
+        await _memory_capable(svc)
         # CRIU cannot dump a Unix connection whose other end is outside the sandbox.
         await svc.drop_conn(sandbox_id)
     now = time.time()
