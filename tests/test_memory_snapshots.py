@@ -173,6 +173,17 @@ def test_memory_snapshot_refused_while_a_request_is_in_flight(
         assert sb.snapshot(memory=True).memory  # and once idle, it works
 
 
+def test_memory_snapshot_of_a_pty_process_is_a_clear_409(
+    local: Orchard, busybox_image: str
+) -> None:
+    with local.sandboxes.create(busybox_image) as sb:
+        sb.process.start("sh", pty=True)
+        with pytest.raises(MemorySnapshotFailed) as err:
+            sb.snapshot(memory=True)
+        assert "tty" in str(err.value)  # CRIU: "ctty inheritance detected"
+        assert sb.exec("echo ok").stdout == "ok\n"
+
+
 def test_memory_snapshot_of_a_paused_sandbox(local: Orchard, busybox_image: str) -> None:
     with local.sandboxes.create(busybox_image) as sb:
         sb.process.start(COUNTER)

@@ -59,7 +59,9 @@ class Snapshot(WireModel):
     image: str
     created_at: datetime
     expires_at: datetime
-    size_bytes: int = Field(description="bytes its files take beyond the image")
+    size_bytes: int = Field(
+        description="bytes its files (and a memory snapshot's CRIU image) take beyond the image"
+    )
     memory: bool = Field(default=False, description="whether processes and memory are kept")
     settings: SnapshotSettings
 
