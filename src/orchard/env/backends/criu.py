@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import os
 import re
 import shutil
@@ -37,6 +36,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -122,7 +122,7 @@ def _failure(what: str, sandbox_id: str, log: Path, out: str) -> MemorySnapshotF
         hint = " (a request to its agent was in flight: an exec stream, a follow or wait)"
     return MemorySnapshotFailed(
         f"CRIU could not {what} sandbox {sandbox_id}{hint}: {errors[0]}",
-        details={"criu": errors[:8], "log": str(log)},
+        details={"criu": errors[:8]},
     )
 
 
@@ -194,12 +194,13 @@ async def wait_unplugged(pid: int, timeout_s: float = 2.0) -> bool:
     return True
 
 
-def restore_config(box: Path, config: dict[str, object]) -> None:
+def restore_config(box: Path, config: dict[str, Any]) -> None:
     """Point runc's CRIU at the bundle's own options file (runc reads the annotation)."""
     (box / "criu.conf").write_text(RESTORE_CONF)
-    annotations = dict(config.get("annotations") or {})  # type: ignore[call-overload]
-    annotations["org.criu.config"] = str(box / "criu.conf")
-    config["annotations"] = annotations
+    config["annotations"] = {
+        **config.get("annotations", {}),
+        "org.criu.config": str(box / "criu.conf"),
+    }
 
 
 async def restore(
@@ -275,8 +276,3 @@ async def nsenter(pid: int, namespace: str, *argv: str) -> None:
     _, err = await proc.communicate()
     if proc.returncode != 0:
         raise MemorySnapshotFailed(f"{' '.join(argv)} in a restored sandbox: {err.decode()[-200:]}")
-
-
-def load_config(box: Path) -> dict[str, object]:
-    data: dict[str, object] = json.loads((box / "config.json").read_text())
-    return data

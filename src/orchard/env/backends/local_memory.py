@@ -57,8 +57,8 @@ class LocalMemory(HostFolders):
         return runc
 
     def _agent_token(self, sandbox_id: str) -> str:
-        config = criu.load_config(self._box(sandbox_id))
-        env = (config.get("process") or {}).get("env") or []  # type: ignore[attr-defined]
+        config = json.loads((self._box(sandbox_id) / "config.json").read_text())
+        env = (config.get("process") or {}).get("env") or []
         prefix = "ORCHARD_AGENT_TOKEN="
         return next((e[len(prefix) :] for e in env if e.startswith(prefix)), "")
 
