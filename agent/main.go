@@ -5,8 +5,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"flag"
 	"fmt"
@@ -46,6 +44,7 @@ type config struct {
 	spillDir  string
 	maxOutput int
 	user      string
+	logFile   string
 	entry     []string
 }
 
@@ -60,6 +59,7 @@ func loadConfig(args []string, getenv func(string) string) (*config, error) {
 	fs.StringVar(&tokenFile, "token-file", getenv("ORCHARD_AGENT_TOKEN_FILE"), "file holding the bearer token")
 	fs.StringVar(&cfg.spillDir, "spill-dir", getenv("ORCHARD_AGENT_SPILL_DIR"), "folder for full outputs of capped streams")
 	fs.StringVar(&cfg.user, "user", getenv("ORCHARD_AGENT_USER"), "default user (uid[:gid] or name) for commands and the entrypoint, e.g. the image's USER")
+	fs.StringVar(&cfg.logFile, "log", getenv("ORCHARD_AGENT_LOG"), "file (appended) that the agent's and the entrypoint's stdout and stderr go to once started")
 	fs.StringVar(&maxOutput, "max-output", getenv("ORCHARD_AGENT_MAX_OUTPUT"), "per-stream cap for blocking exec, bytes")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -100,11 +100,13 @@ type agent struct {
 	baseEnv []string
 	started time.Time
 	exec    *execapi.Handler
+	gate    *tokenGate
 }
 
 func newAgent(cfg *config, r *proc.Reaper) *agent {
 	a := &agent{
 		spill: proc.NewSpillDir(cfg.spillDir), baseEnv: proc.ScrubbedEnv(os.Environ()), started: time.Now(),
+		gate: newTokenGate(cfg.token),
 	}
 	a.exec = execapi.New(execapi.Config{
 		Reaper: r, Spill: a.spill, MaxOutput: cfg.maxOutput, User: cfg.user, BaseEnv: a.baseEnv,
@@ -116,6 +118,7 @@ func newAgent(cfg *config, r *proc.Reaper) *agent {
 func (a *agent) routes(agentPorts ...int) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", a.handleHealth)
+	mux.HandleFunc("/token", a.gate.handleToken)
 	a.exec.Register(mux)
 	files.Register(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -145,17 +148,13 @@ type health struct {
 }
 
 // requireToken lets only GET /health through without the bearer token.
-// Both sides are hashed first so the comparison takes the same time
-// whatever the length or content of the guess.
-func requireToken(token string, next http.Handler) http.Handler {
-	want := sha256.Sum256([]byte("Bearer " + token))
+func requireToken(gate *tokenGate, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
-		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+		if !gate.ok(r.Header.Get("Authorization")) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="orchard-agent"`)
 			api.WriteError(w, api.Errf(http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token"))
 			return
@@ -264,12 +263,19 @@ func run(args []string) int {
 		tcpPorts = append(tcpPorts, l.Addr().(*net.TCPAddr).Port)
 	}
 	srv := &http.Server{
-		Handler:           requireToken(cfg.token, a.routes(tcpPorts...)),
+		Handler:           requireToken(a.gate, a.routes(tcpPorts...)),
 		ReadHeaderTimeout: 30 * time.Second,
 		ErrorLog:          log.New(io.Discard, "", 0),
 	}
 	for _, l := range listeners {
 		go func(l net.Listener) { _ = srv.Serve(l) }(l)
+	}
+	if cfg.logFile != "" {
+		// Output opened inside the sandbox, not a host file runc handed over: what a
+		// memory snapshot (CRIU) can keep and restore in a copy (docs/state.md).
+		if err := redirectOutput(cfg.logFile); err != nil {
+			log.Printf("log file %s: %v (output stays where it was)", cfg.logFile, err)
+		}
 	}
 	if len(cfg.entry) > 0 {
 		if err := r.StartEntrypoint(cfg.entry, a.baseEnv, cfg.user); err != nil {

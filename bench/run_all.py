@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 BENCH = Path(__file__).resolve().parent
-ALL = ("footprint", "exec", "create", "files", "stress", "gui", "state")
+ALL = ("footprint", "exec", "create", "files", "stress", "gui", "state", "memory")
 FILES = {
     "footprint": "footprint",
     "exec": "exec_latency",
@@ -31,6 +31,7 @@ FILES = {
     "stress": "stress",
     "gui": "gui_bench",
     "state": "state",
+    "memory": "memory",
 }
 
 
@@ -91,6 +92,8 @@ def main() -> int:
         "files": ["--reps", "1"],
         "stress": ["--n", "100", "--floor-n", "50"],
         "gui": ["--quick"],
+        "state": ["--quick"],
+        "memory": ["--quick"],
     }
     py = sys.executable
     failed = []

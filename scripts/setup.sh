@@ -18,6 +18,9 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
 fi
 
+# CRIU, for memory snapshots of local sandboxes (never fatal: they answer 501 without it).
+bash scripts/criu.sh || true
+
 if ! $SUDO docker info >/dev/null 2>&1; then
   echo "setup: starting dockerd"
   if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then

@@ -34,9 +34,16 @@ def resume(ctx: typer.Context, sandbox_id: IdArg, json_out: JsonOpt = False) -> 
     print_json(info.model_dump(mode="json")) if json_out else out.print(f"{info.id} {info.status}")
 
 
+MemoryOpt = Annotated[
+    bool,
+    typer.Option("--memory", help="Keep running processes and memory too (CRIU, local)."),
+]
+
+
 @sandbox_app.command(
     epilog=examples(
         "orchard sandbox snapshot $ID --name prepared",
+        "orchard sandbox snapshot $ID --memory  # its running processes too (CRIU)",
         "orchard sandbox create --snapshot $SNAP  # a copy",
     )
 )
@@ -45,11 +52,13 @@ def snapshot(
     sandbox_id: IdArg,
     name: Annotated[str | None, typer.Option(help="A name for people.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Time to live in seconds.")] = None,
+    memory: MemoryOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Keep a sandbox's filesystem changes and settings as a snapshot."""
     with connect(ctx) as client:
-        snap = client.sandboxes.get(sandbox_id).snapshot(name, timeout_s=timeout)
+        sb = client.sandboxes.get(sandbox_id)
+        snap = sb.snapshot(name, timeout_s=timeout, memory=memory)
     print_json(snap.model_dump(mode="json")) if json_out else out.print(snap.id)
 
 
@@ -60,10 +69,11 @@ def fork(
     count: Annotated[int, typer.Option("--count", "-n", min=1, max=100)] = 1,
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="K=V.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Time to live of the copies.")] = None,
+    memory: MemoryOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Snapshot a sandbox and start N isolated copies of it."""
-    opts: dict[str, object] = {}
+    opts: dict[str, object] = {"memory": True} if memory else {}
     if label:
         opts["labels"] = pairs(label, "label")
     if timeout is not None:

@@ -302,9 +302,9 @@ class AsyncSandbox:
 
     @_twin(sync.Sandbox.snapshot)
     async def snapshot(
-        self, name: str | None = None, *, timeout_s: float | None = None
+        self, name: str | None = None, *, timeout_s: float | None = None, memory: bool = False
     ) -> sm.Snapshot:
-        return await self._client._send(st.snapshot(self.id, name, timeout_s))
+        return await self._client._send(st.snapshot(self.id, name, timeout_s, memory))
 
     @_twin(sync.Sandbox.fork)
     async def fork(self, n: int = 1, **opts: Any) -> AsyncFork:

@@ -28,8 +28,10 @@ def resume(sandbox_id: str) -> Call[m.Sandbox]:
     return Call("POST", f"{sandbox_path(sandbox_id)}/resume", _model(m.Sandbox), idempotent=True)
 
 
-def snapshot(sandbox_id: str, name: str | None, timeout_s: float | None) -> Call[sm.Snapshot]:
-    fields: dict[str, Any] = {"name": name}
+def snapshot(
+    sandbox_id: str, name: str | None, timeout_s: float | None, memory: bool = False
+) -> Call[sm.Snapshot]:
+    fields: dict[str, Any] = {"name": name, "memory": memory}
     if timeout_s is not None:
         fields["timeout_s"] = timeout_s
     body = _validated(sm.SnapshotCreate, **fields)

@@ -311,21 +311,28 @@ class Sandbox:
         self.info = self._client._send(st.resume(self.id))
         return self.info
 
-    def snapshot(self, name: str | None = None, *, timeout_s: float | None = None) -> sm.Snapshot:
-        """Keep the sandbox's filesystem changes and settings (not its processes).
+    def snapshot(
+        self, name: str | None = None, *, timeout_s: float | None = None, memory: bool = False
+    ) -> sm.Snapshot:
+        """Keep the sandbox's filesystem changes and settings, and with `memory` its
+        running processes too.
 
         :param name: a name for people
         :param timeout_s: its time to live (default a day)
+        :param memory: keep processes and memory (CRIU, local backend): copies resume them;
+            `MemoryNotSupported` (501) where CRIU cannot, `MemorySnapshotFailed` (409)
+            when it cannot dump these processes now
         :return: the snapshot; `client.sandboxes.create(snapshot=id)` starts copies of it
         """
-        return self._client._send(st.snapshot(self.id, name, timeout_s))
+        return self._client._send(st.snapshot(self.id, name, timeout_s, memory))
 
     def fork(self, n: int = 1, **opts: Any) -> Fork:
         """Snapshot this sandbox and start `n` copies of it, each isolated from the others.
 
         :param n: how many (1 to 100)
-        :param opts: `timeout_s`, `env`, `labels`, `network` for the copies, `name` and
-            `snapshot_timeout_s` for the snapshot, `wait`
+        :param opts: `timeout_s`, `env`, `labels`, `network` for the copies, `name`,
+            `snapshot_timeout_s` and `memory` (fork the running processes too) for the
+            snapshot, `wait`
         :return: the copies (a context manager deleting them), errors, and the snapshot
         """
         result = self._client._send(st.fork(self.id, n, opts))

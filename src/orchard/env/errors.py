@@ -77,6 +77,13 @@ class SandboxExited(OrchardError):
     code, status = "sandbox_exited", 410
 
 
+class MemorySnapshotFailed(Conflict):
+    """CRIU could not checkpoint or restore this sandbox's processes as they are now (e.g. a
+    request to its agent in flight); `details.criu` holds CRIU's own error lines."""
+
+    code = "memory_snapshot_failed"
+
+
 class TooLarge(OrchardError):
     code, status = "too_large", 413
 
@@ -101,6 +108,12 @@ class NotSupported(OrchardError):
     """The backend cannot do this at all (e.g. pause on kubernetes): docs/state.md says why."""
 
     code, status = "not_supported", 501
+
+
+class MemoryNotSupported(NotSupported):
+    """Memory snapshots (CRIU) cannot work on this backend or host; `details.reason` says why."""
+
+    code = "memory_not_supported"
 
 
 class Unavailable(OrchardError):

@@ -332,6 +332,13 @@ class AgentHealth(WireModel):
     pid: int
 
 
+class TokenUpdate(WireModel):
+    """The agent's `POST /token`: its new bearer token (a copy restored from a memory
+    snapshot wakes up with its source's; docs/state.md)."""
+
+    token: str = Field(min_length=16)
+
+
 class Health(WireModel):
     status: Literal["ok", "degraded"]
     version: str

@@ -31,6 +31,11 @@ class SnapshotCreate(WireModel):
     timeout_s: float = Field(
         default=DEFAULT_SNAPSHOT_TTL_S, gt=0, le=MAX_TTL_S, description="time to live"
     )
+    memory: bool = Field(
+        default=False,
+        description="keep processes and memory too (CRIU; local backend): sandboxes made "
+        "from it resume them; 501 memory_not_supported where CRIU cannot",
+    )
 
 
 class SnapshotSettings(WireModel):
@@ -54,7 +59,9 @@ class Snapshot(WireModel):
     image: str
     created_at: datetime
     expires_at: datetime
-    size_bytes: int = Field(description="bytes its files take beyond the image")
+    size_bytes: int = Field(
+        description="bytes its files (and a memory snapshot's CRIU image) take beyond the image"
+    )
     memory: bool = Field(default=False, description="whether processes and memory are kept")
     settings: SnapshotSettings
 
@@ -66,6 +73,7 @@ class SnapshotList(WireModel):
 class ForkRequest(WireModel):
     count: int = Field(default=1, ge=1, le=MAX_FORK)
     name: str | None = Field(default=None, max_length=128)
+    memory: bool = Field(default=False, description="fork the running processes too (CRIU)")
     snapshot_timeout_s: float = Field(default=DEFAULT_SNAPSHOT_TTL_S, gt=0, le=MAX_TTL_S)
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
     env: Env = Field(default_factory=dict)

@@ -40,6 +40,7 @@ WIRE_MODELS: tuple[type[m.WireModel], ...] = (
     m.RemoveRequest,  # POST /files/remove
     m.MoveRequest,  # POST /files/move
     m.TarResult,  # PUT /files/tar
+    m.TokenUpdate,  # POST /token
 )
 
 # Headers that describe one hop, never the request itself (RFC 9110 7.6.1), plus the

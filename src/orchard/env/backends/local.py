@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import json
 import logging
 import os
 import shutil
@@ -38,6 +37,7 @@ from typing import Any
 
 from orchard.env.backends import agent_socket
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
+from orchard.env.backends.criu import CONSOLE_LOG
 from orchard.env.backends.docker import AGENT_PIDS_RESERVE
 from orchard.env.backends.failures import hidden
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
@@ -142,6 +142,7 @@ class LocalBackend(LocalState, HostFolders):
             else {}
         )
         self._watches: dict[str, _Watch] = {}
+        self._restore_ms: dict[str, float] = {}
         self._creating: set[str] = set()
         self._recovered = False
         self._recover_lock = asyncio.Lock()
@@ -305,19 +306,9 @@ class LocalBackend(LocalState, HostFolders):
                 binds.append((str(box / "scratch"), SCRATCH_MOUNT, True))
             mounts = self._rootfs_mounts(box, image, meta["disk"], layers)
             config = runtime_spec(self._spec_input(spec, image, meta, box, binds))
-            (box / "config.json").write_text(json.dumps(config))
             pid_file = box / "init.pid"
-            rc, _ = await self._runc(
-                "run",
-                "--detach",
-                "--pid-file",
-                str(pid_file),
-                "--bundle",
-                str(box),
-                spec.id,
-                log_path=box / "console.log",
-                preexec=mounts.preexec(),
-            )
+            # `runc run`, or the restore of a memory snapshot's processes (local_memory.py).
+            rc = await self._start(spec, box, config, mounts.preexec())
             if rc != 0:
                 tail = (box / "console.log").read_text(errors="replace")[-2000:]
                 what = "mount the rootfs of" if rc == MOUNT_FAILED else "start"
@@ -328,6 +319,7 @@ class LocalBackend(LocalState, HostFolders):
             self._write_meta(spec.id, meta)
             self._watch(spec.id, pid)
             await agent_socket.wait_and_pin(box / "run" / SOCKET_NAME, box / SOCKET_NAME)
+            await self._adopt_restored(spec, pid)
             if ip is not None:
                 await self.network.attach(spec.id, pid, ip)
                 await self.network.firewall.apply(spec.id, ip, egress, allow)
@@ -367,7 +359,7 @@ class LocalBackend(LocalState, HostFolders):
         box: Path,
         binds: list[tuple[str, str, bool]],
     ) -> SpecInput:
-        args = [AGENT_PATH, "--socket", f"{RUN_DIR}/{SOCKET_NAME}"]
+        args = [AGENT_PATH, "--socket", f"{RUN_DIR}/{SOCKET_NAME}", "--log", CONSOLE_LOG]
         if meta["default_user"]:
             # The agent stays root (to switch users per request); the image's USER is the default.
             args += ["--user", str(meta["default_user"])]

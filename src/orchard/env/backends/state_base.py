@@ -64,6 +64,8 @@ class SnapshotRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     complete: bool = True
     deleted: bool = False
+    # Processes and memory kept too (backends/criu.py), not the files only.
+    memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,15 @@ class Pausable(Protocol):
     async def pause(self, sandbox_id: str) -> SandboxRecord: ...
 
     async def resume(self, sandbox_id: str) -> SandboxRecord: ...
+
+
+@runtime_checkable
+class MemorySnapshotting(Protocol):
+    """Optional: a Snapshotting backend that can also keep processes and memory (CRIU)."""
+
+    async def memory_unsupported(self) -> str | None:
+        """None when memory snapshots work on this host, else why not (said in the 501)."""
+        ...
 
 
 @runtime_checkable
@@ -151,7 +162,7 @@ class SnapshotStore:
             rec = self.read(folder.name)
             if folder.name in used:
                 continue
-            if rec is None or not rec.complete:
+            if rec is None or not (rec.complete or rec.deleted):  # a failed one goes now
                 with contextlib.suppress(OSError):
                     if now - folder.stat().st_mtime < SNAPSHOT_GRACE_S:
                         continue

@@ -25,8 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchard.env.backends import criu
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
-from orchard.env.backends.host_folders import HostFolders
+from orchard.env.backends.local_memory import LocalMemory
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.state_base import (
     Changes,
@@ -43,13 +44,10 @@ from orchard.env.errors import Conflict, NotFound, Unavailable
 SCRATCH_MOUNT = "/.orchard/scratch"
 
 
-class LocalState(HostFolders):
-    """Mixin of LocalBackend: the Pausable and Snapshotting capabilities."""
+class LocalState(LocalMemory):
+    """Mixin of LocalBackend: the Pausable, Snapshotting and MemorySnapshotting capabilities."""
 
     images: ImageStore
-
-    @abstractmethod
-    async def _runc(self, *args: str) -> tuple[int, str]: ...
 
     async def _recover(self) -> None: ...
 
@@ -133,6 +131,8 @@ class LocalState(HostFolders):
         return env, str(process.get("cwd") or "/")
 
     async def snapshot(self, sandbox_id: str, record: SnapshotRecord) -> SnapshotRecord:
+        if record.memory:
+            criu.require_support(await self.memory_unsupported())
         meta, rec = await self._running(sandbox_id)
         env, cwd = self._process_config(sandbox_id)
         record.complete = False
@@ -145,8 +145,10 @@ class LocalState(HostFolders):
         self.snapshots.write(record)  # first: a crash from here on leaves a sweepable folder
         layer = self.snapshots.folder(record.id) / "layer"
         layer.mkdir()
-        frozen = rec.state == "running"
-        if frozen:
+        paused = rec.state == "paused"
+        if record.memory:  # a paused agent is thawed a moment to let go of the service
+            await self._unplug(sandbox_id, meta, paused)
+        if not paused or record.memory:
             await self._freeze(sandbox_id, True)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -155,13 +157,20 @@ class LocalState(HostFolders):
                 stderr=asyncio.subprocess.PIPE,
             )
             _, err = await proc.communicate()
+            if proc.returncode == 0 and record.memory:  # in the same freeze: files and memory agree
+                await self._checkpoint(sandbox_id, meta, record)
+        except BaseException:
+            self.snapshots.mark_deleted(record.id)
+            await asyncio.to_thread(self.sweep_snapshots)
+            raise
         finally:
-            if frozen:
+            if not paused:
                 await self._freeze(sandbox_id, False)
         if proc.returncode != 0:
             self.snapshots.mark_deleted(record.id)
             raise Unavailable(f"snapshot of {sandbox_id} failed: {err.decode()[-300:]}")
         record.size_bytes = await asyncio.to_thread(tree_size, layer)
+        record.size_bytes += int((record.extra.get("memory") or {}).get("bytes", 0))
         record.complete = True
         self.snapshots.write(record)
         return record

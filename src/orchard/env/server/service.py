@@ -458,6 +458,10 @@ class SandboxService:
         self._activity.pop(sandbox_id, None)
         self._created.discard(sandbox_id)
 
+    async def drop_conn(self, sandbox_id: str) -> None:
+        """Close the pooled agent connections of a sandbox (a memory snapshot needs none)."""
+        await self._drop_conn(sandbox_id)
+
     async def _drop_conn(self, sandbox_id: str) -> None:
         conn = self._conns.pop(sandbox_id, None)
         if conn is not None:

@@ -14,7 +14,9 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from orchard.env.backends.base import Backend, SandboxRecord, SandboxSpec
+from orchard.env.backends.criu import require_support
 from orchard.env.backends.state_base import (
+    MemorySnapshotting,
     Pausable,
     SnapshotRecord,
     Snapshotting,
@@ -45,6 +47,7 @@ class SandboxService(Protocol):
     def remember(self, rec: SandboxRecord) -> None: ...
     def to_model(self, rec: SandboxRecord) -> Sandbox: ...
     def touch(self, sandbox_id: str) -> None: ...
+    async def drop_conn(self, sandbox_id: str) -> None: ...
 
 
 # Fields of a create that, when not given, come from the snapshot's settings.
@@ -67,6 +70,18 @@ def _snapshotting(svc: SandboxService) -> Snapshotting:
     if not isinstance(svc.backend, Snapshotting):
         raise NotSupported("snapshots " + _why_not(svc.backend.name))
     return svc.backend
+
+
+async def _memory_capable(svc: SandboxService) -> None:
+    backend = svc.backend
+    if isinstance(backend, MemorySnapshotting):
+        why = await backend.memory_unsupported()
+    elif backend.name == "docker":
+        why = "the docker backend keeps files only (docker checkpoint needs the engine's "
+        why += "experimental mode and restores only into the container it was taken of)"
+    else:
+        why = f"the {backend.name} backend keeps files only"
+    require_support(why)
 
 
 def paused_error(sandbox_id: str) -> SandboxPaused:
@@ -111,6 +126,7 @@ def to_model(rec: SnapshotRecord) -> Snapshot:
         created_at=_dt(rec.created_at),
         expires_at=_dt(rec.expires_at),
         size_bytes=rec.size_bytes,
+        memory=rec.memory,
         settings=SnapshotSettings.model_validate(rec.settings),
     )
 
@@ -120,6 +136,10 @@ async def take_snapshot(
 ) -> Snapshot:
     backend = _snapshotting(svc)
     rec = await svc.live_or_paused(owner, sandbox_id)
+    if body.memory:
+        await _memory_capable(svc)
+        # CRIU cannot dump a Unix connection whose other end is outside the sandbox.
+        await svc.drop_conn(sandbox_id)
     now = time.time()
     settings = SnapshotSettings(
         image=rec.image,
@@ -141,6 +161,7 @@ async def take_snapshot(
         expires_at=now + body.timeout_s,
         settings=settings.model_dump(mode="json"),
         name=body.name,
+        memory=body.memory,
     )
     snap = await backend.snapshot(sandbox_id, snap)
     svc.touch(sandbox_id)
@@ -203,7 +224,7 @@ async def spec_from_snapshot(svc: SandboxService, owner: str, req: SandboxCreate
 async def fork(svc: SandboxService, owner: str, sandbox_id: str, body: ForkRequest) -> ForkResult:
     """One snapshot, then `count` sandboxes from it (as a batch create)."""
     name = body.name or f"fork of {sandbox_id}"
-    asked = SnapshotCreate(name=name, timeout_s=body.snapshot_timeout_s)
+    asked = SnapshotCreate(name=name, timeout_s=body.snapshot_timeout_s, memory=body.memory)
     snap = await take_snapshot(svc, owner, sandbox_id, asked)
     fields: dict[str, object] = {"snapshot": snap.id, "count": body.count, "wait": body.wait}
     for name in ("timeout_s", "labels", "network"):
