@@ -4,8 +4,9 @@
 # Debian's own CRIU comes first. Debian 12's 3.17 cannot run on kernels >= 6.13
 # ("vdso: Unexpected rt vDSO area bounds": [vvar_vclock]) and 4.1 cannot dump TCP sockets
 # on kernels >= 6.16 ("Can't get 1:16 opt": SO_PASSCRED), so when `criu check` fails this
-# builds CRIU $CRIU_VERSION from Debian's own source package (fetched with apt from
-# deb.debian.org, hash-checked against its signed index) into /usr/local/sbin/criu.
+# builds CRIU $CRIU_VERSION from Debian's own source package (fetched with apt from the
+# archive this host's apt already uses, hash-checked against its signed index) into
+# /usr/local/sbin/criu.
 # Never fatal: without a working CRIU, memory snapshots answer 501 memory_not_supported.
 set -uo pipefail
 
@@ -37,7 +38,13 @@ $SUDO apt-get install -y -q --no-install-recommends "${deps[@]}" >/dev/null || {
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/lists/partial"
-echo "deb-src http://deb.debian.org/debian sid main" >"$work/sources.list"
+# The first Debian archive URI this host's apt is configured with (deb822 or one-line form).
+mirror=$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\/debian\)[[:space:]]*$/\1/p' \
+  /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)
+[ -n "$mirror" ] || mirror=$(sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]*\/debian\)[[:space:]].*/\2/p' \
+  /etc/apt/sources.list 2>/dev/null | head -1)
+[ -n "$mirror" ] || { echo "criu.sh: no Debian archive in apt's sources"; exit 0; }
+echo "deb-src $mirror sid main" >"$work/sources.list"
 apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
   -o "Dir::State::Lists=$work/lists")
 ( cd "$work" && apt-get "${apt_opts[@]}" update -q >/dev/null \
