@@ -40,6 +40,7 @@ from orchard.env.server.admission import Admission
 from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.state import expire_snapshots, paused_error, spec_from_snapshot
+from orchard.env.server.volumes import expire_volumes, resolve_mounts
 
 T = TypeVar("T")
 log = logging.getLogger("orchard.service")
@@ -271,6 +272,7 @@ class SandboxService:
             idle_timeout_s=req.idle_timeout_s,
             network=req.network,
             labels=dict(req.labels),
+            volumes=resolve_mounts(self, owner, req.volumes),
         )
 
     async def _guarded(self, work: Coroutine[Any, Any, T]) -> T:
@@ -599,6 +601,12 @@ class SandboxService:
                 log.info("reconcile removed %d expired snapshots: %s", len(expired), expired)
         except Exception:
             log.exception("reconcile: snapshot expiry failed")
+        try:
+            swept = await expire_volumes(self)
+            if swept:
+                log.info("reconcile removed the storage of %d volumes: %s", len(swept), swept)
+        except Exception:
+            log.exception("reconcile: volume sweep failed")
         for reason, ids in removed.items():
             if ids:
                 self.metrics.reconciles.labels(reason).inc(len(ids))
