@@ -4,8 +4,10 @@ removed on delete and on expiry, mount targets checked, kept by snapshots and fo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from orchard.env.limits import Limits, OwnerLimits
 from orchard.env.sdk import Orchard
 from orchard.env.server import EmbeddedService
 from orchard.env.server.volumes import resolve_mounts
+from tests.servers import wait_listening
 
 KEY_A, KEY_B = "volume-key-a-0123456789", "volume-key-b-0123456789"
 SMALL = 64 << 10  # bob's max_volume_bytes
@@ -198,6 +201,7 @@ def test_snapshot_and_fork_keep_the_mount_not_the_content(
         mounts = {"/work": "work", "/cache": "pip:ro"}
         with c.sandboxes.create(busybox_image, volumes=mounts) as src:
             src.exec("echo before > /work/f && echo root > /rootfile")
+            assert src.files.diff().added == ["/rootfile"]  # not the mount points
             snap = src.snapshot()
             assert snap.settings.volumes == mounts
             src.exec("echo after > /work/f")  # after the snapshot: still seen by copies
@@ -275,3 +279,76 @@ def test_kubernetes_has_no_volumes() -> None:
         resolve_mounts(Svc(), "alice", {"/d": "v"})  # type: ignore[arg-type]
     assert resolve_mounts(Svc(), "alice", {}) == ()  # type: ignore[arg-type]
     assert SandboxSpec("sb-1", "o", "img", "t", 0.0).volumes == ()
+
+
+@contextlib.contextmanager
+def _served(state_dir: Path, backend: str, agent_binary: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`orchard serve` as its own process (so it can be killed -9), on a Unix socket."""
+    sock = state_dir / "svc.sock"
+    sock.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "ORCHARD_STATE_DIR": str(state_dir),
+        "ORCHARD_API_KEYS": f"alice:{KEY_A}",
+        "ORCHARD_SECRET": "volume-secret",
+        "ORCHARD_BACKEND": backend,
+        "ORCHARD_AGENT_BINARY": str(agent_binary),
+        "ORCHARD_RECONCILE_INTERVAL_S": "0.5",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchard.cli",
+        "serve",
+        "--uds",
+        str(sock),
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield wait_listening(proc, sock, "orchard serve", 60)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("backend", ["docker", "local"])
+def test_nothing_leaked_after_kill_9_of_the_service(
+    backend: str, docker_ready: None, busybox_image: str, agent_binary: Path, tmp_state_dir: Path
+) -> None:
+    """Volumes are data: they survive a crash of the service, and so do their mounts; one
+    that expired while no service ran goes once unmounted, and a delete leaves nothing."""
+    url = f"unix://{tmp_state_dir / 'svc.sock'}"
+    try:
+        with _served(tmp_state_dir, backend, agent_binary) as proc, Orchard(url, KEY_A) as c:
+            keep = c.volumes.create("keep")
+            brief = c.volumes.create("brief", timeout_s=2)
+            sb = c.sandboxes.create(busybox_image, volumes={"/k": "keep", "/b": "brief"})
+            sb.exec("echo kept > /k/f")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        time.sleep(2.5)  # brief expires while no service runs
+        with _served(tmp_state_dir, backend, agent_binary), Orchard(url, KEY_A) as c:
+            assert [v.name for v in c.volumes.list()] == ["keep"]
+            assert c.volumes.get("keep").mounted_by == [sb.id]
+            assert sorted(_storage(tmp_state_dir)) == sorted([keep.id, brief.id])  # mounted
+            again = c.sandboxes.get(sb.id)
+            assert again.exec("cat /k/f").stdout == "kept\n"
+            again.delete()
+            _wait(lambda: _storage(tmp_state_dir) == [keep.id], "expired volume not swept")
+            c.volumes.delete("keep")
+            assert _storage(tmp_state_dir) == []
+    finally:
+        cfg = ServiceConfig(
+            state_dir=tmp_state_dir,
+            api_keys={KEY_A: "alice"},
+            secret=b"volume-secret",
+            backend=backend,
+            agent_binary=str(agent_binary),
+        )
+        svc = EmbeddedService(cfg, keep_api_keys=True).start()
+        with _client(svc) as c:
+            for left in c.sandboxes.list():
+                left.delete()
+        svc.stop()
