@@ -258,10 +258,10 @@ def test_cli_volume_create_ls_inspect_rm(service: EmbeddedService, busybox_image
     cli("sandbox", "exec", sid, "--", "sh", "-c", "echo hi > /o/f")
     listed = json.loads(cli("volume", "ls", "--json").stdout)
     assert [(v["name"], v["mounted_by"]) for v in listed] == [("outs", [sid])]
-    assert json.loads(cli("volume", "inspect", "outs").stdout)["id"] == made["id"]
+    assert json.loads(cli("volume", "inspect", "outs", "--json").stdout)["id"] == made["id"]
     assert "volume_in_use" in cli("volume", "rm", "outs", ok=False).stderr
     cli("sandbox", "rm", sid)
-    cli("volume", "rm", "outs")
+    assert json.loads(cli("volume", "rm", "outs", "--json").stdout) == ["outs"]
     assert json.loads(cli("volume", "ls", "--json").stdout) == []
 
 

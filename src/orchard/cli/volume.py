@@ -54,16 +54,23 @@ def list_(ctx: typer.Context, json_out: JsonOpt = False) -> None:
 
 
 @volume_app.command("inspect")
-def inspect(ctx: typer.Context, name: NameArg) -> None:
-    """Show one volume (JSON)."""
+def inspect(ctx: typer.Context, name: NameArg, json_out: JsonOpt = False) -> None:
+    """Show one volume (JSON, with or without --json)."""
     with connect(ctx) as client:
         print_json(client.volumes.get(name).model_dump(mode="json"))
 
 
 @volume_app.command("rm")
-def remove(ctx: typer.Context, names: Annotated[list[str], typer.Argument()]) -> None:
+def remove(
+    ctx: typer.Context, names: Annotated[list[str], typer.Argument()], json_out: JsonOpt = False
+) -> None:
     """Delete volumes and their files (refused while a sandbox mounts one: 409)."""
+    removed = []
     with connect(ctx) as client:
         for name in names:
             client.volumes.delete(name)
-            out.print(name)
+            removed.append(name)
+            if not json_out:
+                out.print(name)
+    if json_out:
+        print_json(removed)
