@@ -88,5 +88,6 @@ class VolumeFolders:
 
     async def sweep_volumes(self) -> builtins.list[str]:
         """Remove the storage of volumes gone (deleted, expired, half-made) and unmounted."""
-        users = await self.volume_users()
-        return await asyncio.to_thread(self.volume_store.sweep, users)
+        async with self.volume_store.lock:  # not mid-way through a delete's in-use check
+            users = await self.volume_users()
+            return await asyncio.to_thread(self.volume_store.sweep, users)
