@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from orchard.env.backends.base import SandboxRecord
+from orchard.env.backends.meta_files import read_meta, write_meta
 from orchard.env.errors import InvalidRequest, SandboxExited
 
 SNAPSHOT_GRACE_S = 120.0  # a half-made snapshot this young may still be being written
@@ -115,14 +115,11 @@ class SnapshotStore:
     def write(self, rec: SnapshotRecord) -> None:
         folder = self.folder(rec.id)
         folder.mkdir(exist_ok=True)
-        tmp = folder / "meta.tmp"
-        tmp.write_text(json.dumps(asdict(rec)))
-        os.replace(tmp, folder / "meta.json")
+        write_meta(folder, asdict(rec))
 
     def read(self, snapshot_id: str) -> SnapshotRecord | None:
         try:
-            data = json.loads((self.folder(snapshot_id) / "meta.json").read_text())
-            return SnapshotRecord(**data)
+            return SnapshotRecord(**read_meta(self.folder(snapshot_id)))
         except (OSError, ValueError, TypeError, InvalidRequest):
             return None
 

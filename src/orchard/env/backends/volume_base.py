@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchard.env.backends.meta_files import read_meta, write_meta
 from orchard.env.errors import InvalidRequest
 
 VOLUME_GRACE_S = 120.0  # a half-made volume this young may still be being created
@@ -134,15 +135,11 @@ class VolumeStore:
         return self.folder(volume_id) / "data"
 
     def write(self, rec: VolumeRecord) -> None:
-        folder = self.folder(rec.id)
-        tmp = folder / "meta.tmp"
-        tmp.write_text(json.dumps(asdict(rec)))
-        os.replace(tmp, folder / "meta.json")
+        write_meta(self.folder(rec.id), asdict(rec))
 
     def read(self, volume_id: str) -> VolumeRecord | None:
         try:
-            data = json.loads((self.folder(volume_id) / "meta.json").read_text())
-            return VolumeRecord(**data)
+            return VolumeRecord(**read_meta(self.folder(volume_id)))
         except (OSError, ValueError, TypeError, InvalidRequest):
             return None
 

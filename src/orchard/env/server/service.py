@@ -595,18 +595,13 @@ class SandboxService:
                 removed["orphan"].extend(await self.backend.remove_orphans(seen - dropped))
             except Exception:
                 log.exception("reconcile: orphan cleanup failed")
-        try:
-            expired = await expire_snapshots(self)
-            if expired:
-                log.info("reconcile removed %d expired snapshots: %s", len(expired), expired)
-        except Exception:
-            log.exception("reconcile: snapshot expiry failed")
-        try:
-            swept = await expire_volumes(self)
-            if swept:
-                log.info("reconcile removed the storage of %d volumes: %s", len(swept), swept)
-        except Exception:
-            log.exception("reconcile: volume sweep failed")
+        for what, expire in (("snapshots", expire_snapshots), ("volumes", expire_volumes)):
+            try:
+                expired = await expire(self)
+                if expired:
+                    log.info("reconcile removed %d expired %s: %s", len(expired), what, expired)
+            except Exception:
+                log.exception("reconcile: expiry of %s failed", what)
         for reason, ids in removed.items():
             if ids:
                 self.metrics.reconciles.labels(reason).inc(len(ids))
