@@ -4,6 +4,7 @@ removed on delete and on expiry, mount targets checked, kept by snapshots and fo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,7 +29,7 @@ from orchard.env.errors import (
     TooLarge,
 )
 from orchard.env.limits import Limits, OwnerLimits
-from orchard.env.sdk import Orchard
+from orchard.env.sdk import AsyncOrchard, Orchard
 from orchard.env.server import EmbeddedService
 from orchard.env.server.volumes import resolve_mounts
 from tests.servers import wait_listening
@@ -352,3 +353,19 @@ def test_nothing_leaked_after_kill_9_of_the_service(
             for left in c.sandboxes.list():
                 left.delete()
         svc.stop()
+
+
+def test_async_sdk_has_the_same_names(service: EmbeddedService, busybox_image: str) -> None:
+    async def run() -> None:
+        url = f"unix://{service.socket_path}"
+        async with AsyncOrchard(url, KEY_A) as c:
+            made = await c.volumes.create("async", timeout_s=600, labels={"x": "1"})
+            assert [v.id for v in await c.volumes.list()] == [made.id]
+            async with c.sandboxes.create(busybox_image, volumes={"/a": "async:ro"}) as sb:
+                assert (await c.volumes.get("async")).mounted_by == [sb.id]
+                with pytest.raises(Conflict):
+                    await c.volumes.delete("async")
+            await c.volumes.delete("async")
+            assert await c.volumes.list() == []
+
+    asyncio.run(run())
