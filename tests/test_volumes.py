@@ -107,6 +107,8 @@ def test_shared_read_only_in_use_and_removed_on_delete(
                 reader.files.write("/in/new", b"no")
             assert reader.exec("mount -o remount,rw /in").exit_code != 0
             assert reader.exec("ls /in").stdout.split() == ["by-nobody", "sub"]
+            assert reader.info.volumes == {"/in": "shared:ro"}
+            assert c.sandboxes.get(writer.id).info.volumes == {"/data": "shared"}
             got = c.volumes.get("shared")
             assert got.mounted_by == sorted([writer.id, reader.id])
             assert got.size_bytes >= 10000

@@ -152,6 +152,9 @@ class Sandbox(WireModel):
     resources: Resources = Field(default_factory=Resources)
     exit_code: int | None = None
     error: str | None = None
+    volumes: dict[str, str] = Field(
+        default_factory=dict, description='its mounts: target -> "name" or "name:ro"'
+    )
 
 
 class SandboxList(WireModel):

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from orchard.env.backends.base import Backend, OrphanCleaner, SandboxRecord, SandboxSpec
+from orchard.env.backends.volume_base import mount_strings
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
     AgentUnavailable,
@@ -179,6 +180,7 @@ class SandboxService:
             ),
             exit_code=rec.exit_code,
             error=rec.error,
+            volumes=mount_strings(rec.volumes),
         )
 
     def count(self) -> int:
