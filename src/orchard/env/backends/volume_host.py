@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
-from orchard.env.backends.volume_base import VolumeStore, decode_mounts
+from orchard.env.backends.volume_base import VolumeMount, VolumeStore, decode_mounts
 from orchard.env.errors import NotFound, VolumeFull
 
 # A sandbox in one of these holds its mounts (a paused one too; an exited one no longer).
@@ -76,15 +76,21 @@ class VolumeFolders:
     async def volume_users(self) -> dict[str, builtins.list[str]]:
         """Volume id -> the sandboxes that mount it now (or may: half-made, creating)."""
         users: dict[str, builtins.list[str]] = {}
-        for box in sorted((self.state_dir / "sandboxes").iterdir()):
-            mounts = decode_mounts((self._read_meta(box.name) or {}).get("volumes"))
-            if not mounts:
-                continue
-            rec = await self.get(box.name)
+        for sandbox_id, mounts in await asyncio.to_thread(self._mounts_on_disk):
+            rec = await self.get(sandbox_id)
             if rec is None or rec.state in _HOLDING:
                 for m in mounts:
-                    users.setdefault(m.volume_id, []).append(box.name)
+                    users.setdefault(m.volume_id, []).append(sandbox_id)
         return users
+
+    def _mounts_on_disk(self) -> builtins.list[tuple[str, tuple[VolumeMount, ...]]]:
+        """Each sandbox folder that names volumes, with them (one pass over the metas)."""
+        out = []
+        for box in sorted((self.state_dir / "sandboxes").iterdir()):
+            mounts = decode_mounts((self._read_meta(box.name) or {}).get("volumes"))
+            if mounts:
+                out.append((box.name, mounts))
+        return out
 
     async def sweep_volumes(self) -> builtins.list[str]:
         """Remove the storage of volumes gone (deleted, expired, half-made) and unmounted."""

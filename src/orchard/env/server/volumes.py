@@ -24,12 +24,14 @@ from orchard.env.errors import (
     InvalidRequest,
     NotFound,
     NotSupported,
+    QuotaExceeded,
     VolumeExists,
     VolumeInUse,
 )
 from orchard.env.volume_models import VOLUME_NAME_PATTERN, Volume, VolumeCreate
 
 MAX_MOUNTS = 16
+MAX_VOLUMES = 1000  # per owner: stops a runaway loop, not work (a fixed cap, no limits key)
 MAX_TARGET_LEN = 256
 # Where the runtime and the agent live: a volume there would hide or replace them.
 RESERVED_TARGETS = ("/.orchard", "/proc", "/sys", "/dev")
@@ -156,7 +158,13 @@ async def create_volume(svc: VolumeService, owner: str, body: VolumeCreate) -> V
     host = _host(svc.backend)
     store = host.volume_store
     async with store.lock:
-        if store.find(owner, body.name) is not None:
+        held = [r for r in store.all() if r.owner == owner]
+        if len(held) >= MAX_VOLUMES:
+            raise QuotaExceeded(
+                f"at most {MAX_VOLUMES} volumes per owner: delete some first",
+                details={"limit": "max_volumes", "value": MAX_VOLUMES, "held": len(held)},
+            )
+        if any(r.name == body.name for r in held):
             raise VolumeExists(
                 f"volume {body.name!r} already exists", details={"volume": body.name}
             )
