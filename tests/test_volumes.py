@@ -183,6 +183,9 @@ def test_validation_errors(service: EmbeddedService, busybox_image: str) -> None
                 c.sandboxes.create(busybox_image, volumes={target: "v"})
             assert err.value.code == "invalid_mount", target
             assert (err.value.details or {})["reason"] == reason, target
+        with pytest.raises(InvalidRequest) as err:
+            c.sandboxes.create(busybox_image, volumes={"/a/b/c": "v", "/a/b-c": "v", "/a/b": "v"})
+        assert (err.value.details or {}) == {"target": "/a/b/c", "reason": "nested"}
         for value, reason in (("v:rx", "bad_mode"), ("v/x", "bad_name"), (":ro", "bad_name")):
             with pytest.raises(InvalidRequest) as err:
                 c.sandboxes.create(busybox_image, volumes={"/d": value})
@@ -213,6 +216,10 @@ def test_snapshot_and_fork_keep_the_mount_not_the_content(
                 assert copy.exec("touch /cache/x").exit_code != 0  # still read-only
                 copy.exec("echo from-copy > /work/g")
             assert src.exec("cat /work/g").stdout == "from-copy\n"
+            src.pause()  # a paused sandbox still holds its mounts
+            with pytest.raises(Conflict):
+                c.volumes.delete("pip")
+            src.resume()
             with src.fork(1) as forks:
                 assert forks[0].exec("cat /work/g").stdout == "from-copy\n"
                 assert c.volumes.get("work").mounted_by == sorted([src.id, forks[0].id])

@@ -98,6 +98,11 @@ def parse_mounts(volumes: Mapping[str, str]) -> list[tuple[str, str, bool]]:
         if not _NAME_RE.match(name):
             raise _bad_mount(target, "bad_name", f"{name[:80]!r} is not a volume name")
         out.append((target, name, mode == "ro"))
+    for inner in sorted(volumes):  # at most 16: every pair
+        outer = next((t for t in volumes if inner.startswith(t + "/")), None)
+        if outer is not None:
+            # The mount point would be made inside the outer volume's files (or fail, ro).
+            raise _bad_mount(inner, "nested", f"inside the target {outer[:80]!r} of another volume")
     return out
 
 
