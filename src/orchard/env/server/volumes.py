@@ -200,14 +200,19 @@ async def delete_volume(svc: VolumeService, owner: str, name: str) -> None:
         rec = _owned(svc, owner, name)
         # Hidden first, so a create racing this one fails to find it (volume_host.py).
         store.set_deleted(rec.id, True)
-        users = (await host.volume_users()).get(rec.id, [])
+        try:
+            users = (await host.volume_users()).get(rec.id, [])
+        except BaseException:  # cancelled, or the engine failed: the volume stays
+            store.set_deleted(rec.id, False)
+            raise
         if users:
             store.set_deleted(rec.id, False)
             raise VolumeInUse(
                 f"volume {name!r} is mounted by {len(users)} sandbox(es): delete them first",
                 details={"volume": name, "sandboxes": sorted(users)},
             )
-        store.remove(rec.id)
+        # Off the event loop: a cache of many files takes a while to remove.
+        await asyncio.to_thread(store.remove, rec.id)
 
 
 async def expire_volumes(svc: VolumeService) -> list[str]:
