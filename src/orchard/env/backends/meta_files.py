@@ -4,8 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
+
+from orchard.env.errors import InvalidRequest
+
+
+def new_id(prefix: str) -> str:
+    """`<prefix>-` and 12 hex characters: a folder name, a label, an argument."""
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+def check_id(value: str, prefix: str, what: str) -> None:
+    """Refuse anything but what `new_id(prefix)` could have made (it names a folder)."""
+    ok = value.startswith(prefix + "-") and len(value) <= 40
+    if not ok or not all(c.isalnum() or c == "-" for c in value):
+        raise InvalidRequest(f"invalid {what} id {value[:40]!r}")
 
 
 def write_meta(folder: Path, data: dict[str, Any]) -> None:

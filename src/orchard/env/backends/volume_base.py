@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchard.env.backends.meta_files import read_meta, write_meta
+from orchard.env.backends.meta_files import check_id, new_id, read_meta, write_meta
 from orchard.env.errors import InvalidRequest
 
 VOLUME_GRACE_S = 120.0  # a half-made volume this young may still be being created
@@ -33,13 +33,11 @@ DATA_MODE = 0o777
 
 
 def new_volume_id() -> str:
-    return "vol-" + secrets.token_hex(6)
+    return new_id("vol")
 
 
 def check_volume_id(volume_id: str) -> None:
-    ok = volume_id.startswith("vol-") and len(volume_id) <= 40
-    if not ok or not all(c.isalnum() or c == "-" for c in volume_id):
-        raise InvalidRequest(f"invalid volume id {volume_id[:40]!r}")
+    check_id(volume_id, "vol", "volume")
 
 
 @dataclass(frozen=True)
