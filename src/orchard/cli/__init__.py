@@ -1,7 +1,7 @@
 """`orchard` command line: run the service, create, use and clean up sandboxes, and drive
 the task families (`swe`, `gui`, `claw`) and training (`train`).
 
-One module per command group (`sandbox`, `serve`, `swe`, `gui`, `claw`, `train`), what
+One module per command group (`sandbox`, `volume`, `serve`, `swe`, `gui`, `claw`, `train`), what
 they share in `_common`. Commands import the libraries; no library imports a command.
 Every command takes `--json` (machine-readable output only, on stdout). Errors print one
 line, `error: <code>: <message>`, on stderr and exit non-zero; never a traceback.
@@ -24,6 +24,7 @@ from orchard.cli.state import snapshot_app
 from orchard.cli.swe import swe_app
 from orchard.cli.train import train_app
 from orchard.cli.usage import usage_app
+from orchard.cli.volume import volume_app
 from orchard.env.errors import OrchardError
 
 __all__ = ["app", "main"]
@@ -47,6 +48,7 @@ app.add_typer(serve_app)  # `orchard serve`: a command of the root, not a group
 app.add_typer(usage_app)  # `orchard usage`
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(snapshot_app, name="snapshot")
+app.add_typer(volume_app, name="volume")
 app.add_typer(swe_app, name="swe")
 app.add_typer(train_app, name="train")
 app.add_typer(claw_app, name="claw")

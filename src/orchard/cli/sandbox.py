@@ -43,6 +43,7 @@ sandbox_app = typer.Typer(
         "orchard sandbox create debian:12 --egress allow --allow 10.0.0.0/8 --allow pypi.org",
         "orchard sandbox create debian:12 --count 100 --label run=a  # progress bar",
         "orchard sandbox create nginx:1 --cmd ''  # keep the image's own entrypoint",
+        "orchard sandbox create debian:12 -v /data=outputs -v /cache=pip:ro",
     )
 )
 def create(
@@ -76,6 +77,10 @@ def create(
     ] = None,
     workdir: Annotated[str | None, typer.Option(help="Working folder.")] = None,
     user: Annotated[str | None, typer.Option(help="uid[:gid] or name.")] = None,
+    volume: Annotated[
+        list[str] | None,
+        typer.Option("--volume", "-v", help="TARGET=NAME or TARGET=NAME:ro, repeatable."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Create sandboxes; prints their ids (one per line)."""
@@ -99,6 +104,8 @@ def create(
             opts[key] = value  # type: ignore[literal-required]
     if cmd is not None:
         opts["cmd"] = shlex.split(cmd)
+    if volume:
+        opts["volumes"] = pairs(volume, "--volume")
     if snapshot:
         opts["snapshot"] = snapshot
         if egress == "none" and not allow:

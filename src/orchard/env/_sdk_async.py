@@ -19,6 +19,7 @@ import httpx
 from orchard.env import _sdk_core as core
 from orchard.env import _sdk_state as st
 from orchard.env import _sdk_sync as sync
+from orchard.env import _sdk_volumes as vol
 from orchard.env import models as m
 from orchard.env import state_models as sm
 from orchard.env._sdk_base import connect, port_url, send_async
@@ -76,6 +77,7 @@ class AsyncOrchard:
         self._http: httpx.AsyncClient | None = None
         self.sandboxes = AsyncSandboxes(self)
         self.snapshots = st.AsyncSnapshots(self)
+        self.volumes = vol.AsyncVolumes(self)
 
     @property
     def http(self) -> httpx.AsyncClient:

@@ -225,6 +225,7 @@ class CreateOptions(TypedDict, total=False):
     idle_timeout_s: float | None
     network: m.NetworkPolicy | dict[str, Any]
     labels: dict[str, str]
+    volumes: dict[str, str]
     wait: bool
 
 

@@ -20,6 +20,7 @@ import httpx
 
 from orchard.env import _sdk_core as core
 from orchard.env import _sdk_state as st
+from orchard.env import _sdk_volumes as vol
 from orchard.env import models as m
 from orchard.env import state_models as sm
 from orchard.env._sdk_base import connect, port_url, send
@@ -76,6 +77,7 @@ class Orchard:
         )
         self.sandboxes = Sandboxes(self)
         self.snapshots = st.Snapshots(self)
+        self.volumes = vol.Volumes(self)
 
     def health(self) -> m.Health:
         """The service's health.
@@ -161,8 +163,9 @@ class Sandboxes:
         :param image: any OCI image reference (pulled if missing); or give `snapshot`
             (an id) to start from a snapshot's files and settings, overriding any of them
         :param opts: `cmd`, `env`, `workdir`, `user`, `cpu`, `memory`, `pids_limit`,
-            `timeout_s` (time to live), `idle_timeout_s`, `network`, `labels`, `wait`
-            (answer once the agent is ready, default True)
+            `timeout_s` (time to live), `idle_timeout_s`, `network`, `labels`, `volumes`
+            (target -> "name" or "name:ro", docs/volumes.md), `wait` (answer once the
+            agent is ready, default True)
         :return: the sandbox
         """
         return Sandbox(self._client, self._client._send(core.create_sandbox(image, opts)))

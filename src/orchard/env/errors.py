@@ -41,6 +41,12 @@ class EgressDenied(InvalidRequest):
     code = "egress_denied"
 
 
+class InvalidMount(InvalidRequest):
+    """A `volumes` entry of a create: a bad target or mode (`details.reason` says which)."""
+
+    code = "invalid_mount"
+
+
 class ImageRefused(InvalidRequest):
     """An image reference the image policy refuses (an image id, a registry not allowed)."""
 
@@ -67,6 +73,18 @@ class Conflict(OrchardError):
     code, status = "conflict", 409
 
 
+class VolumeInUse(Conflict):
+    """Deleting a volume that a running (or paused, or starting) sandbox mounts."""
+
+    code = "volume_in_use"
+
+
+class VolumeExists(Conflict):
+    """Creating a volume under a name the owner already uses."""
+
+    code = "volume_exists"
+
+
 class SandboxPaused(Conflict):
     """A per-sandbox request (exec, files, ports) to a paused sandbox: resume it first."""
 
@@ -86,6 +104,12 @@ class MemorySnapshotFailed(Conflict):
 
 class TooLarge(OrchardError):
     code, status = "too_large", 413
+
+
+class VolumeFull(TooLarge):
+    """Mounting a volume that holds more than the owner's max_volume_bytes."""
+
+    code = "volume_full"
 
 
 class RateLimited(OrchardError):

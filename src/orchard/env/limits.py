@@ -17,7 +17,8 @@ from typing import Any
 
 from orchard.env.input_limits import DEFAULT_LIMITS, parse_size
 
-# Recognised for the sandbox-state work (snapshots, volumes); stored, not enforced here.
+# For the sandbox-state work: max_volume_bytes is checked when a volume is mounted
+# (server/volumes.py, docs/volumes.md); max_snapshots is recognised, not enforced.
 STATE_KEYS = ("max_snapshots", "max_volume_bytes")
 _SIZES = ("max_memory", "max_label_bytes", "max_env_bytes", "max_volume_bytes")
 

@@ -100,6 +100,10 @@ class SandboxCreate(WireModel):
     idle_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     labels: Labels = Field(default_factory=dict)
+    volumes: dict[str, str] = Field(
+        default_factory=dict,
+        description='volumes to mount: target path -> "name" or "name:ro" (docs/volumes.md)',
+    )
     wait: bool = Field(default=True, description="answer only once the agent is ready")
     count: int = Field(default=1, ge=1, le=MAX_BATCH, description="batch size (batch route)")
 
@@ -148,6 +152,9 @@ class Sandbox(WireModel):
     resources: Resources = Field(default_factory=Resources)
     exit_code: int | None = None
     error: str | None = None
+    volumes: dict[str, str] = Field(
+        default_factory=dict, description='its mounts: target -> "name" or "name:ro"'
+    )
 
 
 class SandboxList(WireModel):

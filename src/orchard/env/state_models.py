@@ -50,6 +50,8 @@ class SnapshotSettings(WireModel):
     user: str | None = None
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     labels: dict[str, str] = Field(default_factory=dict)
+    # The mounts (target -> "name[:ro]"), not the volumes' content: docs/volumes.md.
+    volumes: dict[str, str] = Field(default_factory=dict)
 
 
 class Snapshot(WireModel):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from orchard.env.backends.volume_base import VolumeMount
 from orchard.env.models import NetworkPolicy
 
 BackendState = Literal["pending", "running", "paused", "exited", "failed"]
@@ -47,6 +48,8 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
     # Start from this snapshot's files (backends/state_base.py); the service checked its owner.
     snapshot_id: str | None = None
+    # Volumes to mount (backends/volume_host.py); the service checked their owner.
+    volumes: tuple[VolumeMount, ...] = ()
 
 
 @dataclass
@@ -71,6 +74,7 @@ class SandboxRecord:
     error: str | None = None
     # Who execs run as when a request names no user: the spec's user, else the image's USER.
     default_user: str | None = None
+    volumes: tuple[VolumeMount, ...] = ()
 
 
 class Backend(Protocol):

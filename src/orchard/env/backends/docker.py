@@ -43,6 +43,8 @@ from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.docker_images import DockerImages, ImageInfo, engine
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
 from orchard.env.backends.state_docker import DockerState
+from orchard.env.backends.volume_base import decode_mounts, encode_mounts
+from orchard.env.backends.volume_host import VolumeFolders
 from orchard.env.config import load_secret
 from orchard.env.errors import (
     Conflict,
@@ -115,6 +117,13 @@ def _disk_support(info: Mapping[str, Any]) -> str:
     return f"storage driver {driver or '?'} on {backing or '?'} has no per-container quota"
 
 
+def docker_mounts(binds: Iterable[tuple[str, str, bool]]) -> list[dict[str, Any]]:
+    """`HostConfig.Mounts` of volume folders: a missing source is an error, not made."""
+    return [
+        {"Type": "bind", "Source": src, "Target": dst, "ReadOnly": ro} for src, dst, ro in binds
+    ]
+
+
 def _user_labels(labels: Mapping[str, str]) -> dict[str, str]:
     found = {k[len(USER_LABEL) :]: v for k, v in labels.items() if k.startswith(USER_LABEL)}
     if "orchard.label_keys" in labels:
@@ -135,7 +144,7 @@ def _state(status: str) -> BackendState:
     return "exited"
 
 
-class DockerBackend(DockerState, HostFolders):
+class DockerBackend(DockerState, HostFolders, VolumeFolders):
     """The Backend protocol on a Docker (or Podman) engine; see the module docstring."""
 
     name = "docker"
@@ -289,6 +298,8 @@ class DockerBackend(DockerState, HostFolders):
                 "orchard.pids": str(pids),
                 "orchard.disk": str(self._disk_bytes(spec) or ""),
                 "orchard.default_user": spec.user or image.user,
+                # Always set: a snapshot's image carries its source's as an image label.
+                "orchard.volumes": json.dumps(encode_mounts(spec.volumes)),
             }
         )
         labels.update({USER_LABEL + k: v for k, v in spec.labels.items()})
@@ -393,9 +404,11 @@ class DockerBackend(DockerState, HostFolders):
                     "created_at": created_at,
                     "expires_at": spec.expires_at,
                     "network": spec.network.model_dump(),
+                    "volumes": encode_mounts(spec.volumes),  # before mounting: volume_host.py
                 },
             )
             config = self._config(spec, image, labels)
+            config["HostConfig"]["Mounts"] = docker_mounts(await self.volume_binds(spec))
             name = self._container_name(spec.id)
             async with engine(f"create sandbox {spec.id}"):
                 try:
@@ -457,6 +470,7 @@ class DockerBackend(DockerState, HostFolders):
             exit_code=exit_code,
             error=error,
             default_user=labels.get("orchard.default_user") or None,
+            volumes=decode_mounts(labels.get("orchard.volumes")),
         )
 
     def _ours(self, labels: Mapping[str, str] | None) -> bool:

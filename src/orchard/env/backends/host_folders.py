@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from orchard.env.backends.base import AgentEndpoint, SandboxSpec
+from orchard.env.backends.meta_files import read_meta, write_meta
 from orchard.env.errors import InvalidRequest
 from orchard.env.network import sandbox_tag
 
@@ -73,16 +72,12 @@ class HostFolders:
 
     def _read_meta(self, sandbox_id: str) -> dict[str, Any] | None:
         try:
-            data = json.loads((self._box(sandbox_id) / "meta.json").read_text())
+            return read_meta(self._box(sandbox_id))
         except (OSError, ValueError):
             return None
-        return data if isinstance(data, dict) else None
 
     def _write_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
-        path = self._box(sandbox_id) / "meta.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, path)  # readers never see half a file
+        write_meta(self._box(sandbox_id), meta)
 
     def _update_meta(self, sandbox_id: str, **changes: Any) -> dict[str, Any]:
         meta = self._read_meta(sandbox_id) or {"id": sandbox_id}

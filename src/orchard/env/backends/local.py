@@ -46,6 +46,8 @@ from orchard.env.backends.mount_ns import MOUNT_FAILED, RootfsMounts, umount
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
 from orchard.env.backends.state_local import SCRATCH_MOUNT, LocalState
+from orchard.env.backends.volume_base import decode_mounts, encode_mounts
+from orchard.env.backends.volume_host import VolumeFolders
 from orchard.env.errors import Conflict, InvalidRequest, NotFound, SandboxExited, Unavailable
 from orchard.env.image_policy import ImagePolicy
 from orchard.env.models import NetworkPolicy
@@ -92,7 +94,7 @@ class _Watch:
     exit_code: int | None = None
 
 
-class LocalBackend(LocalState, HostFolders):
+class LocalBackend(LocalState, HostFolders, VolumeFolders):
     """The Backend protocol on runc; see the module docstring."""
 
     name = "local"
@@ -301,6 +303,7 @@ class LocalBackend(LocalState, HostFolders):
                 (str(self.agent_binary), AGENT_PATH, True),
                 (str(box / "run"), RUN_DIR, False),
                 *self._etc_files(box, spec.id, ip),
+                *await self.volume_binds(spec),  # volume_host.py: after the meta names them
             ]
             if meta["disk"]:  # the upper on its tmpfs, for snapshots and diffs (state_local)
                 binds.append((str(box / "scratch"), SCRATCH_MOUNT, True))
@@ -349,6 +352,7 @@ class LocalBackend(LocalState, HostFolders):
             "labels": dict(spec.labels),
             "extra_labels": self.extra_labels,
             "ip": ip,
+            "volumes": encode_mounts(spec.volumes),
         }
 
     def _spec_input(
@@ -419,6 +423,7 @@ class LocalBackend(LocalState, HostFolders):
             exit_code=exit_code,
             error=None,
             default_user=meta.get("default_user") or None,
+            volumes=decode_mounts(meta.get("volumes")),
         )
 
     def _visible(self, sandbox_id: str, meta: Mapping[str, Any] | None) -> bool:

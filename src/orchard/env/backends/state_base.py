@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
 import os
-import secrets
 import shutil
 import stat
 import time
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from orchard.env.backends.base import SandboxRecord
+from orchard.env.backends.meta_files import check_id, new_id, read_meta, write_meta
 from orchard.env.errors import InvalidRequest, SandboxExited
 
 SNAPSHOT_GRACE_S = 120.0  # a half-made snapshot this young may still be being written
@@ -32,13 +31,11 @@ HIDDEN_PREFIX = "/.orchard"
 
 
 def new_snapshot_id() -> str:
-    return "snap-" + secrets.token_hex(6)
+    return new_id("snap")
 
 
 def check_snapshot_id(snapshot_id: str) -> None:
-    ok = snapshot_id.startswith("snap-") and len(snapshot_id) <= 40
-    if not ok or not all(c.isalnum() or c == "-" for c in snapshot_id):
-        raise InvalidRequest(f"invalid snapshot id {snapshot_id[:40]!r}")
+    check_id(snapshot_id, "snap", "snapshot")
 
 
 def require_live(rec: SandboxRecord) -> None:
@@ -126,14 +123,11 @@ class SnapshotStore:
     def write(self, rec: SnapshotRecord) -> None:
         folder = self.folder(rec.id)
         folder.mkdir(exist_ok=True)
-        tmp = folder / "meta.tmp"
-        tmp.write_text(json.dumps(asdict(rec)))
-        os.replace(tmp, folder / "meta.json")
+        write_meta(folder, asdict(rec))
 
     def read(self, snapshot_id: str) -> SnapshotRecord | None:
         try:
-            data = json.loads((self.folder(snapshot_id) / "meta.json").read_text())
-            return SnapshotRecord(**data)
+            return SnapshotRecord(**read_meta(self.folder(snapshot_id)))
         except (OSError, ValueError, TypeError, InvalidRequest):
             return None
 

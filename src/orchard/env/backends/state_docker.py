@@ -31,6 +31,7 @@ from orchard.env.backends.state_base import (
     Changes,
     SnapshotRecord,
     SnapshotStore,
+    mount_points,
     require_live,
     tidy,
     upper_changes,
@@ -177,9 +178,11 @@ class DockerState(HostFolders):
             async with engine(f"diff sandbox {sandbox_id}"):
                 raw = await self.docker._query_json(f"containers/{cid}/changes") or []
             out: dict[str, list[str]] = {"added": [], "modified": [], "deleted": []}
+            # Mount points (volumes) the engine made in the writable layer: never a change.
+            hidden = mount_points(str(m.get("Destination", "")) for m in data.get("Mounts") or [])
             for change in raw:
                 path = str(change["Path"])
-                if path == "/.orchard" or path.startswith("/.orchard/"):
+                if path == "/.orchard" or path.startswith("/.orchard/") or path in hidden:
                     continue
                 out[_KINDS[int(change["Kind"])]].append(path)
             return tidy(Changes(out["added"], out["modified"], out["deleted"]))

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from orchard.env.backends.base import Backend, OrphanCleaner, SandboxRecord, SandboxSpec
+from orchard.env.backends.volume_base import mount_strings
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
     AgentUnavailable,
@@ -40,6 +41,7 @@ from orchard.env.server.admission import Admission
 from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.state import expire_snapshots, paused_error, spec_from_snapshot
+from orchard.env.server.volumes import expire_volumes, resolve_mounts
 
 T = TypeVar("T")
 log = logging.getLogger("orchard.service")
@@ -178,6 +180,7 @@ class SandboxService:
             ),
             exit_code=rec.exit_code,
             error=rec.error,
+            volumes=mount_strings(rec.volumes),
         )
 
     def count(self) -> int:
@@ -271,6 +274,7 @@ class SandboxService:
             idle_timeout_s=req.idle_timeout_s,
             network=req.network,
             labels=dict(req.labels),
+            volumes=resolve_mounts(self, owner, req.volumes),
         )
 
     async def _guarded(self, work: Coroutine[Any, Any, T]) -> T:
@@ -597,12 +601,13 @@ class SandboxService:
                 removed["orphan"].extend(await self.backend.remove_orphans(seen - dropped))
             except Exception:
                 log.exception("reconcile: orphan cleanup failed")
-        try:
-            expired = await expire_snapshots(self)
-            if expired:
-                log.info("reconcile removed %d expired snapshots: %s", len(expired), expired)
-        except Exception:
-            log.exception("reconcile: snapshot expiry failed")
+        for what, expire in (("snapshots", expire_snapshots), ("volumes", expire_volumes)):
+            try:
+                expired = await expire(self)
+                if expired:
+                    log.info("reconcile removed %d expired %s: %s", len(expired), what, expired)
+            except Exception:
+                log.exception("reconcile: expiry of %s failed", what)
         for reason, ids in removed.items():
             if ids:
                 self.metrics.reconciles.labels(reason).inc(len(ids))

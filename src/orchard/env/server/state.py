@@ -23,6 +23,7 @@ from orchard.env.backends.state_base import (
     check_snapshot_id,
     new_snapshot_id,
 )
+from orchard.env.backends.volume_base import mount_strings
 from orchard.env.errors import NotFound, NotSupported, SandboxPaused
 from orchard.env.models import BatchCreateResult, Sandbox, SandboxCreate
 from orchard.env.state_models import (
@@ -51,7 +52,7 @@ class SandboxService(Protocol):
 
 
 # Fields of a create that, when not given, come from the snapshot's settings.
-_INHERITED = ("cpu", "pids_limit", "idle_timeout_s", "user", "network", "labels")
+_INHERITED = ("cpu", "pids_limit", "idle_timeout_s", "user", "network", "labels", "volumes")
 
 
 def _why_not(backend: str) -> str:
@@ -151,6 +152,7 @@ async def take_snapshot(
         user=rec.default_user,
         network=rec.network,
         labels=rec.labels,
+        volumes=mount_strings(rec.volumes),
     )
     snap = SnapshotRecord(
         id=new_snapshot_id(),

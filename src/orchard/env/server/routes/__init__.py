@@ -13,11 +13,13 @@ from orchard.env.server.routes import (
     processes,
     sandboxes,
     state,
+    volumes,
 )
 
 ROUTERS: tuple[APIRouter, ...] = (
     sandboxes.router,
     state.router,
+    volumes.router,
     exec.router,
     processes.router,
     files.router,

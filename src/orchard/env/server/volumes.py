@@ -1,0 +1,222 @@
+"""Volumes in the service (docs/volumes.md): create, get, list, delete, mount, expire.
+
+Tenancy as for sandboxes and snapshots: a volume is found by its owner and name, and
+another owner's volume is simply not found (404) for get, delete and mount. What the
+backend cannot do answers 501 `not_supported` (kubernetes: docs/volumes.md says why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import re
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Protocol
+
+from orchard.env.backends.base import Backend
+from orchard.env.backends.volume_base import VolumeMount, VolumeRecord, new_volume_id
+from orchard.env.backends.volume_host import VolumeHost
+from orchard.env.config import ServiceConfig
+from orchard.env.errors import (
+    InvalidMount,
+    InvalidRequest,
+    NotFound,
+    NotSupported,
+    QuotaExceeded,
+    VolumeExists,
+    VolumeInUse,
+)
+from orchard.env.volume_models import VOLUME_NAME_PATTERN, Volume, VolumeCreate
+
+MAX_MOUNTS = 16
+MAX_VOLUMES = 1000  # per owner: stops a runaway loop, not work (a fixed cap, no limits key)
+MAX_TARGET_LEN = 256
+# Where the runtime and the agent live: a volume there would hide or replace them.
+RESERVED_TARGETS = ("/.orchard", "/proc", "/sys", "/dev")
+_NAME_RE = re.compile(VOLUME_NAME_PATTERN)
+
+
+class VolumeService(Protocol):
+    """What this module needs of the service (`service.SandboxService`)."""
+
+    backend: Backend
+    config: ServiceConfig
+
+
+def _host(backend: Backend) -> VolumeHost:
+    if not isinstance(backend, VolumeHost):
+        why = (
+            " (a pod has no host folder of ours to bind; a PVC per volume is not built)"
+            if backend.name == "kubernetes"
+            else ""
+        )
+        raise NotSupported(f"volumes are not supported on the {backend.name} backend{why}")
+    return backend
+
+
+def _bad_mount(target: str, reason: str, message: str) -> InvalidMount:
+    return InvalidMount(
+        f"volumes[{target[:80]!r}]: {message}", details={"target": target[:256], "reason": reason}
+    )
+
+
+def check_target(target: str) -> None:
+    """An absolute, normal path, not the root, not over the runtime's own mounts."""
+    if not target.startswith("/"):
+        raise _bad_mount(target, "not_absolute", "the target must be an absolute path")
+    if len(target) > MAX_TARGET_LEN or "\x00" in target:
+        raise _bad_mount(target, "invalid", f"at most {MAX_TARGET_LEN} characters, no NUL")
+    if ".." in target.split("/"):
+        raise _bad_mount(target, "dotdot", "the target must not contain '..'")
+    if posixpath.normpath(target) != target or target.startswith("//"):
+        raise _bad_mount(
+            target, "not_normal", "write the target without '.', '//' or a '/' at the end"
+        )
+    if target == "/":
+        raise _bad_mount(target, "reserved", "a volume cannot replace the root filesystem")
+    for reserved in RESERVED_TARGETS:
+        if target == reserved or target.startswith(reserved + "/"):
+            raise _bad_mount(target, "reserved", f"{reserved} belongs to the runtime")
+
+
+def parse_mounts(volumes: Mapping[str, str]) -> list[tuple[str, str, bool]]:
+    """(target, volume name, read-only) of a create's `volumes`, checked."""
+    if len(volumes) > MAX_MOUNTS:
+        raise InvalidMount(
+            f"at most {MAX_MOUNTS} volumes per sandbox", details={"reason": "too_many"}
+        )
+    out = []
+    for target, value in volumes.items():
+        check_target(target)
+        name, _, mode = value.partition(":")
+        if mode not in ("", "ro", "rw"):
+            raise _bad_mount(
+                target, "bad_mode", f'use "name", "name:ro" or "name:rw", not {value[:80]!r}'
+            )
+        if not _NAME_RE.match(name):
+            raise _bad_mount(target, "bad_name", f"{name[:80]!r} is not a volume name")
+        out.append((target, name, mode == "ro"))
+    for inner in sorted(volumes):  # at most 16: every pair
+        outer = next((t for t in volumes if inner.startswith(t + "/")), None)
+        if outer is not None:
+            # The mount point would be made inside the outer volume's files (or fail, ro).
+            raise _bad_mount(inner, "nested", f"inside the target {outer[:80]!r} of another volume")
+    return out
+
+
+def resolve_mounts(
+    svc: VolumeService, owner: str, volumes: Mapping[str, str]
+) -> tuple[VolumeMount, ...]:
+    """The mounts of a create (build_spec): each volume the owner's, else 404."""
+    if not volumes:
+        return ()
+    wanted = parse_mounts(volumes)
+    store = _host(svc.backend).volume_store
+    limit = svc.config.limits.of(owner).max_volume_bytes
+    mounts = []
+    for target, name, read_only in wanted:
+        rec = store.find(owner, name)
+        if rec is None:
+            raise NotFound(f"no volume {name!r}", details={"volume": name})
+        mounts.append(VolumeMount(rec.id, rec.name, target, read_only, limit))
+    return tuple(mounts)
+
+
+# ---------------------------------------------------------------- the volume resource
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return datetime.fromtimestamp(ts, UTC) if ts is not None else None
+
+
+async def _model(svc: VolumeService, rec: VolumeRecord, users: dict[str, list[str]]) -> Volume:
+    host = _host(svc.backend)
+    size = await asyncio.to_thread(host.volume_store.size, rec.id)
+    return Volume(
+        id=rec.id,
+        name=rec.name,
+        created_at=datetime.fromtimestamp(rec.created_at, UTC),
+        expires_at=_dt(rec.expires_at),
+        size_bytes=size,
+        max_bytes=svc.config.limits.of(rec.owner).max_volume_bytes,
+        mounted_by=sorted(users.get(rec.id, [])),
+        labels=rec.labels,
+    )
+
+
+def _check_name(name: str) -> None:
+    if not _NAME_RE.match(name):
+        raise InvalidRequest(f"invalid volume name {name[:64]!r}")
+
+
+def _owned(svc: VolumeService, owner: str, name: str) -> VolumeRecord:
+    _check_name(name)
+    rec = _host(svc.backend).volume_store.find(owner, name)
+    if rec is None:
+        raise NotFound(f"no volume {name!r}")
+    return rec
+
+
+async def create_volume(svc: VolumeService, owner: str, body: VolumeCreate) -> Volume:
+    host = _host(svc.backend)
+    store = host.volume_store
+    async with store.lock:
+        held = [r for r in store.all() if r.owner == owner]
+        if len(held) >= MAX_VOLUMES:
+            raise QuotaExceeded(
+                f"at most {MAX_VOLUMES} volumes per owner: delete some first",
+                details={"limit": "max_volumes", "value": MAX_VOLUMES, "held": len(held)},
+            )
+        if any(r.name == body.name for r in held):
+            raise VolumeExists(
+                f"volume {body.name!r} already exists", details={"volume": body.name}
+            )
+        now = time.time()
+        expires = now + body.timeout_s if body.timeout_s is not None else None
+        rec = VolumeRecord(new_volume_id(), owner, body.name, now, expires, dict(body.labels))
+        store.create(rec)
+    return await _model(svc, rec, {})
+
+
+async def get_volume(svc: VolumeService, owner: str, name: str) -> Volume:
+    rec = _owned(svc, owner, name)
+    return await _model(svc, rec, await _host(svc.backend).volume_users())
+
+
+async def list_volumes(svc: VolumeService, owner: str) -> list[Volume]:
+    host = _host(svc.backend)
+    mine = [r for r in host.volume_store.all() if r.owner == owner]
+    users = await host.volume_users() if mine else {}
+    return [await _model(svc, r, users) for r in mine]
+
+
+async def delete_volume(svc: VolumeService, owner: str, name: str) -> None:
+    """409 `volume_in_use` while a sandbox mounts it; else its folder goes now."""
+    host = _host(svc.backend)
+    store = host.volume_store
+    async with store.lock:
+        rec = _owned(svc, owner, name)
+        # Hidden first, so a create racing this one fails to find it (volume_host.py).
+        store.set_deleted(rec.id, True)
+        try:
+            users = (await host.volume_users()).get(rec.id, [])
+        except BaseException:  # cancelled, or the engine failed: the volume stays
+            store.set_deleted(rec.id, False)
+            raise
+        if users:
+            store.set_deleted(rec.id, False)
+            raise VolumeInUse(
+                f"volume {name!r} is mounted by {len(users)} sandbox(es): delete them first",
+                details={"volume": name, "sandboxes": sorted(users)},
+            )
+        # Off the event loop: a cache of many files takes a while to remove.
+        await asyncio.to_thread(store.remove, rec.id)
+
+
+async def expire_volumes(svc: VolumeService) -> list[str]:
+    """Reconcile's share: the storage of expired, deleted and half-made volumes, once unused."""
+    if not isinstance(svc.backend, VolumeHost):
+        return []
+    return await svc.backend.sweep_volumes()
