@@ -1,0 +1,133 @@
+"""TRL's GRPO `environment_factory` on Orchard: TRL's own tool loop drives real sandboxes.
+
+The GRPO step uses the tiny model, first taught (plain supervised steps, seconds) to answer
+the SWE sample task `intervals-1` with one `bash` tool call that fixes it, then a short
+reply. Sampled at temperature 0.7 it calls the tool in some rollouts: TRL parses the call,
+runs it in the rollout's sandbox through the environment's `bash` method, and
+`orchard_reward` grades the repository's diff with the task's tests.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchard import Orchard
+from orchard.claw.tasks import select_tasks
+from orchard.integrations.trl import OrchardEnvironments, orchard_reward, use_qwen_tool_parser
+from orchard.swe.images import task_image
+from orchard.swe.tasks import Task, sample_tasks
+from orchard.train.tiny import build_tokenizer
+from orchard.train.tokenize import Trajectory
+from tests.train.tiny_grpo import teach
+
+pytestmark = pytest.mark.timeout(600)
+
+FIX = "sed -i 's/for iv in intervals:/for iv in sorted(intervals):/' intervals/core.py"
+
+
+@pytest.fixture(scope="module")
+def swe_task(docker_ready: None) -> Task:
+    t = next(t for t in sample_tasks() if t.instance_id == "orchard-samples__intervals-1")
+    task_image(t)
+    return t
+
+
+@pytest.fixture(scope="module")
+def client(docker_ready: None) -> Iterator[Orchard]:
+    with Orchard() as c:  # in-process service (ORCHARD_AGENT_BINARY from conftest)
+        yield c
+
+
+def tools_of(env: Any) -> list[str]:
+    return sorted(
+        n
+        for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
+        if not n.startswith("_") and n not in ("reset", "get_reward")
+    )
+
+
+def taught_model(tokenizer: Any, envs: OrchardEnvironments, task: Task) -> Any:
+    """The tiny model after a few supervised steps on the episode TRL will render."""
+    from transformers.utils import get_json_schema
+
+    probe = envs()
+    row = envs.dataset()[0]
+    call = {"type": "function", "function": {"name": "bash", "arguments": {"command": FIX}}}
+    messages = [
+        *row["prompt"][:-1],
+        {"role": "user", "content": probe._task_text(task)},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {
+            "role": "tool",
+            "name": "bash",
+            "content": "<returncode>0</returncode>\n<output>\n</output>",
+        },
+        {"role": "assistant", "content": "Fixed."},
+    ]
+    tools = [get_json_schema(probe.bash)]
+    return teach(tokenizer, Trajectory(messages, tools=tools), steps=160, lr=3e-3)
+
+
+def test_grpo_step_through_the_environment_factory(
+    swe_task: Task, client: Orchard, tmp_path: Path, no_leaks: Callable[[str], Any]
+) -> None:
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = use_qwen_tool_parser(build_tokenizer())
+    with no_leaks("trl"), OrchardEnvironments("swe", [swe_task], client=client) as envs:
+        model = taught_model(tokenizer, envs, swe_task)
+        args = GRPOConfig(
+            output_dir=str(tmp_path / "out"), num_generations=2, per_device_train_batch_size=2,
+            max_steps=1, max_completion_length=160, temperature=0.7, learning_rate=1e-5,
+            beta=0.0, logging_steps=1, save_strategy="no", report_to="none", seed=0,
+            max_tool_calling_iterations=2, bf16=False,
+        )  # fmt: skip
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=orchard_reward, args=args, train_dataset=envs.dataset(),
+            processing_class=tokenizer, environment_factory=envs, callbacks=[envs.callback()],
+        )  # fmt: skip
+        assert tools_of(envs.environments[0]) == ["bash"]
+        trainer.train()
+        assert trainer.state.global_step == 1
+        [logged] = [h for h in trainer.state.log_history if "reward" in h]
+        assert logged["tools/call_frequency"] > 0  # TRL parsed the policy's bash calls
+        assert logged["tools/failure_frequency"] == 0
+        assert -1.0 <= logged["reward"] <= 1.0
+        # the callback closed the factory when training ended: nothing is left
+        assert envs.environments == [] and envs.close() == 0
+
+
+def test_claw_environment_tools_and_reward(client: Orchard, no_leaks: Callable[[str], Any]) -> None:
+    """Claw: the task's service tools are methods; the rubric grades the world it changed."""
+    [spec] = select_tasks(None, ["todo-complete-vpn"])
+    with no_leaks("trl"), OrchardEnvironments("claw", [spec], client=client) as envs:
+        env = envs()
+        assert "todo_complete" in tools_of(env) and "mail_send" not in tools_of(env)
+        row = envs.dataset()[0]
+        assert env.reset(**row) == spec.request
+        assert '"t-006"' in env.todo_list(status="open")
+        reply = [{"role": "assistant", "content": spec.reference_answer}]
+        assert orchard_reward([reply], [env]) == [-1.0]  # nothing done yet
+        env.todo_complete(id="t-006")
+        assert orchard_reward([reply], [env]) == [1.0]
+        assert "error" in env.todo_complete(id="t-nope")  # a tool error goes back as text
+        env.reset(**row)  # the world is reset to the task's seed, not recreated
+        assert orchard_reward([reply], [env]) == [-1.0]
+
+
+def test_unknown_task_and_family_are_clear_errors(client: Orchard) -> None:
+    with pytest.raises(ValueError, match="no TRL environment for family"):
+        OrchardEnvironments("nope", [object()], client=client)  # type: ignore[arg-type]
+    [spec] = select_tasks(None, ["todo-complete-vpn"])
+    with (
+        OrchardEnvironments("claw", [spec], client=client) as envs,
+        pytest.raises(KeyError, match="no task 'missing'"),
+    ):
+        envs().reset(instance_id="missing")
+    with pytest.raises(RuntimeError, match="closed"):
+        envs()
