@@ -131,3 +131,25 @@ def test_unknown_task_and_family_are_clear_errors(client: Orchard) -> None:
         envs().reset(instance_id="missing")
     with pytest.raises(RuntimeError, match="closed"):
         envs()
+
+
+def test_gui_environment_text_mode(client: Orchard, no_leaks: Callable[[str], Any]) -> None:
+    """GUI: the browser actions are methods, the page comes back as text, the judge grades."""
+    from orchard.gui.image import browser_image
+    from orchard.gui.tasks import select_tasks as gui_tasks
+
+    browser_image()  # built offline once, reused by tag (the GUI tests use the same)
+    [task] = gui_tasks("sample", ["wiki-lighthouse-year"])
+    with no_leaks("trl"), OrchardEnvironments("gui", [task], client=client) as envs:
+        env = envs()
+        assert {"click", "goto_url", "done"} <= set(tools_of(env))
+        text = env.reset(**envs.dataset()[0])
+        assert task.ques in text and "Accessibility tree:" in text
+        page = env.goto_url(url="http://wiki.localhost:8000/wiki/verlay-lighthouse")
+        assert "verlay-lighthouse" in page and "Accessibility tree:" in page
+        # no `done` call: the final reply is the answer the judge reads
+        assert orchard_reward([[{"role": "assistant", "content": "1889"}]], [env]) == [1.0]
+        env.reset(**envs.dataset()[0])
+        assert "over" not in env.click(x=10, y=10)
+        assert "The episode is over" in env.done(answer="1066")
+        assert orchard_reward([[{"role": "assistant", "content": "1889"}]], [env]) == [0.0]

@@ -100,3 +100,14 @@ def test_generator_cuts_at_end_of_turn_and_seeds_each_request() -> None:
     assert cut.finish_reason == "length" and cut.ids == [5, 6]
     with pytest.raises(ValueError, match="http"):
         server_mode("gpu-node:8000")
+
+
+def test_cli_checks_the_vllm_server_url(tmp_path: Path) -> None:
+    from tests.train.test_grpo_cli import train
+
+    args = ["grpo", "--model", "m", "--out", str(tmp_path), "--vllm-server", "gpu-node:8000"]
+    out = train(*args, code=1).strip()
+    assert out == (
+        "error: bad_request: the vLLM server URL must start with http:// or https://, "
+        "not 'gpu-node:8000'"
+    )

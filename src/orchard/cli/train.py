@@ -304,6 +304,13 @@ def grpo(
         Path | None,
         typer.Option("--config", "-c", help="JSON/YAML with more GRPORunConfig fields."),
     ] = None,
+    vllm_server: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-server",
+            help="Sample rollouts from this `trl vllm-serve` URL (TRL syncs the weights).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """GRPO with BAR on one family's tasks, episodes in Orchard sandboxes (ORCHARD_URL, or an
@@ -324,6 +331,11 @@ def grpo(
         "stride": stride,
         **_overrides(config),
     }
+    if vllm_server is not None:
+        from orchard.train.vllm_server import server_mode
+
+        with bad_request(ValueError):
+            fields["extra"] = {**(fields.get("extra") or {}), **server_mode(vllm_server)}
     cfg = GRPORunConfig(**fields)
     sandbox_labels = labels(label)
     with bad_request(OSError, ValueError, KeyError):
