@@ -31,7 +31,8 @@ from orchard.train.bar import (
     bar_rollout,
     group_drop_reason,
 )
-from orchard.train.generation import Generation, Generator
+from orchard.train.generation import Generation as Generation  # re-exported
+from orchard.train.generation import Generator as Generator
 from orchard.train.tokenize import IncrementalChat
 from orchard.train.vllm_server import server_generator, uses_vllm_server
 
