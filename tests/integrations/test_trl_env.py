@@ -150,6 +150,6 @@ def test_gui_environment_text_mode(client: Orchard, no_leaks: Callable[[str], An
         # no `done` call: the final reply is the answer the judge reads
         assert orchard_reward([[{"role": "assistant", "content": "1889"}]], [env]) == [1.0]
         env.reset(**envs.dataset()[0])
-        assert "over" not in env.click(x=10, y=10)
+        assert "The episode is over" not in env.click(x=10, y=10)
         assert "The episode is over" in env.done(answer="1066")
         assert orchard_reward([[{"role": "assistant", "content": "1889"}]], [env]) == [0.0]
