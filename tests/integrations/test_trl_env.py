@@ -23,9 +23,15 @@ from orchard.swe.images import task_image
 from orchard.swe.tasks import Task, sample_tasks
 from orchard.train.tiny import build_tokenizer
 from orchard.train.tokenize import Trajectory
-from tests.train.tiny_grpo import teach
+from tests.train.tiny_grpo import one_torch_thread, teach
 
 pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    yield from one_torch_thread()
+
 
 FIX = "sed -i 's/for iv in intervals:/for iv in sorted(intervals):/' intervals/core.py"
 
@@ -70,7 +76,7 @@ def taught_model(tokenizer: Any, envs: OrchardEnvironments, task: Task) -> Any:
         {"role": "assistant", "content": "Fixed."},
     ]
     tools = [get_json_schema(probe.bash)]
-    return teach(tokenizer, Trajectory(messages, tools=tools), steps=160, lr=3e-3)
+    return teach(tokenizer, Trajectory(messages, tools=tools), steps=100, lr=3e-3)
 
 
 def test_grpo_step_through_the_environment_factory(
