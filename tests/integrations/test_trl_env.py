@@ -19,11 +19,10 @@ import pytest
 from orchard import Orchard
 from orchard.claw.tasks import select_tasks
 from orchard.integrations.trl import OrchardEnvironments, orchard_reward, use_qwen_tool_parser
-from orchard.swe.images import task_image
-from orchard.swe.tasks import Task, sample_tasks
+from orchard.swe.tasks import Task
 from orchard.train.tiny import build_tokenizer
 from orchard.train.tokenize import Trajectory
-from tests.train.tiny_grpo import one_torch_thread, teach
+from tests.train.tiny_grpo import intervals_task, one_torch_thread, teach
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,13 +33,6 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 FIX = "sed -i 's/for iv in intervals:/for iv in sorted(intervals):/' intervals/core.py"
-
-
-@pytest.fixture(scope="module")
-def swe_task(docker_ready: None) -> Task:
-    t = next(t for t in sample_tasks() if t.instance_id == "orchard-samples__intervals-1")
-    task_image(t)
-    return t
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +47,11 @@ def tools_of(env: Any) -> list[str]:
         for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
         if not n.startswith("_") and n not in ("reset", "get_reward")
     )
+
+
+@pytest.fixture(scope="module")
+def swe_task(docker_ready: None) -> Task:
+    return intervals_task()
 
 
 def taught_model(tokenizer: Any, envs: OrchardEnvironments, task: Task) -> Any:
