@@ -121,6 +121,8 @@ def test_claw_environment_tools_and_reward(client: Orchard, no_leaks: Callable[[
         assert "error" in env.todo_complete(id="t-nope")  # a tool error goes back as text
         env.reset(**row)  # the world is reset to the task's seed, not recreated
         assert orchard_reward([reply], [env]) == [-1.0]
+        env._world.sandbox.delete()  # a world gone under the run: no reward, no crash
+        assert orchard_reward([reply], [env]) == [None]
 
 
 def test_unknown_task_and_family_are_clear_errors(client: Orchard) -> None:

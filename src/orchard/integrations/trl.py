@@ -28,6 +28,7 @@ This sits beside `orchard.train.grpo` (BAR over a family's own harness, as TRL's
 from __future__ import annotations
 
 import importlib
+import logging
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,7 @@ __all__ = ["OrchardEnvironments", "orchard_reward", "use_qwen_tool_parser"]
 
 TOOL = "trl"
 RUN_LABEL = "trl-run"
+log = logging.getLogger("orchard.integrations.trl")
 
 
 class OrchardEnvironments:
@@ -153,20 +155,31 @@ class OrchardEnvironments:
         return _Close()
 
 
+def _grade(env: OrchardEnv, completion: Any) -> float | None:
+    try:
+        return env._grade(completion)
+    except Exception as e:  # the sandbox or the grader failed: no reward, not a crash
+        log.warning("%s: grading failed, no reward for this rollout: %s: %s",
+                    env.family, type(e).__name__, e)  # fmt: skip
+        return None
+
+
 def orchard_reward(
     completions: list[Any], environments: list[OrchardEnv] | None = None, **_: Any
-) -> list[float]:
+) -> list[float | None]:
     """GRPO reward function: each rollout graded in its own environment's sandbox.
 
     Pass it as `reward_funcs=orchard_reward` with an `OrchardEnvironments` factory; TRL hands
-    over the rollouts' environments (`environments=`) next to their completions."""
+    over the rollouts' environments (`environments=`) next to their completions. A rollout
+    whose grading failed (a sandbox gone, the grader erred) gets None, which TRL leaves out
+    of the reward, rather than a crash of the run or a made-up score; the log says why."""
     if environments is None:
         raise ValueError("orchard_reward needs `environments`: train with an OrchardEnvironments")
     pairs = list(zip(environments, completions, strict=True))
     if all(env.parallel_grading for env in environments) and len(pairs) > 1:
         with ThreadPoolExecutor(min(8, len(pairs)), thread_name_prefix="trl-grade") as pool:
-            return list(pool.map(lambda p: p[0]._grade(p[1]), pairs))
-    return [env._grade(completion) for env, completion in pairs]
+            return list(pool.map(lambda p: _grade(*p), pairs))
+    return [_grade(env, completion) for env, completion in pairs]
 
 
 def use_qwen_tool_parser(tokenizer: Any) -> Any:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchard.agents.llm import truncate_output
@@ -52,7 +52,6 @@ class EnvSettings:
     claw_harness: Literal["tools", "assistant"] = "tools"
     judge: Any = None  # GUI: a judge (default: the state judge); Claw: an LLM rubric judge
     gui_max_steps: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def reward(self, resolved: bool) -> float:
         return self.reward_resolved if resolved else self.reward_unresolved
