@@ -22,6 +22,7 @@ from orchard.integrations.trl import OrchardEnvironments, orchard_reward, use_qw
 from orchard.swe.tasks import Task
 from orchard.train.tiny import build_tokenizer
 from orchard.train.tokenize import Trajectory
+from tests.integrations.conftest import leftover
 from tests.train.tiny_grpo import intervals_task, one_torch_thread, teach
 
 pytestmark = pytest.mark.timeout(600)
@@ -158,3 +159,15 @@ def test_gui_environment_text_mode(client: Orchard, no_leaks: Callable[[str], An
         assert "The episode is over" not in env.click(x=10, y=10)
         assert "The episode is over" in env.done(answer="1066")
         assert orchard_reward([[{"role": "assistant", "content": "1889"}]], [env]) == [0.0]
+
+
+def test_sandboxes_go_when_training_fails(client: Orchard, no_leaks: Callable[[str], Any]) -> None:
+    [spec] = select_tasks(None, ["todo-complete-vpn"])
+    with (
+        no_leaks("trl"),
+        pytest.raises(RuntimeError, match="the trainer failed"),
+        OrchardEnvironments("claw", [spec], client=client) as envs,
+    ):
+        envs().reset(**envs.dataset()[0])
+        assert leftover("trl")  # the world is running
+        raise RuntimeError("the trainer failed")
