@@ -283,6 +283,7 @@ class GuiEnvironment(OrchardEnv):
         super().__init__(settings)
         self._env: BrowserEnv | None = None
         self._reward: float | None = None
+        self._unscored: str | None = None  # why the episode's end has no score
 
     def _config(self) -> Any:
         from orchard.gui.harness import GuiAgentConfig
@@ -300,7 +301,7 @@ class GuiEnvironment(OrchardEnv):
             base.max_steps = s.gui_max_steps or base.max_steps
             cfg = env_config_for(self._config(), base)
             self._env = BrowserEnv(s.client, config=cfg, judge=s.judge or _state_judge())
-        self._reward = None
+        self._reward, self._unscored = None, None
         obs = self._env.reset(task)
         return f"{task.ques}\n\n{observation_text(obs, self._config())}"
 
@@ -315,8 +316,13 @@ class GuiEnvironment(OrchardEnv):
         obs, reward, done, info = env.step({"name": action, "arguments": args})
         head = f"error: {obs.error}" if obs.error else obs.feedback
         if done:
+            reason, verdict = info.get("reason"), info.get("verdict") or {}
             self._reward = reward
-            return f"{head}\nThe episode is over ({info.get('reason')})."
+            if reason == "browser_crashed":
+                self._unscored = "the browser crashed"
+            elif reason != "malformed" and verdict.get("success") is None:
+                self._unscored = f"the judge gave no score ({verdict.get('reason') or 'no judge'})"
+            return f"{head}\nThe episode is over ({reason})."
         return self._text(f"{head}\n{observation_text(obs, self._config())}")
 
     def _grade(self, completion: Any) -> float:
@@ -325,6 +331,8 @@ class GuiEnvironment(OrchardEnv):
             return 0.0
         if self._reward is None and not env.done:  # no `done` call: the final reply answers
             self._call("done", {"answer": last_answer(completion)})
+        if self._unscored is not None:  # an infrastructure failure, not the policy's: no reward
+            raise RuntimeError(self._unscored)
         return self._reward if self._reward is not None else 0.0
 
     def _close(self) -> None:
