@@ -101,7 +101,8 @@ def test_grpo_step_through_the_environment_factory(
         [logged] = [h for h in trainer.state.log_history if "reward" in h]
         assert logged["tools/call_frequency"] > 0  # TRL parsed the policy's bash calls
         assert logged["tools/failure_frequency"] == 0
-        assert -1.0 <= logged["reward"] <= 1.0
+        # graded by the task's tests on the diff the calls left: at least one rollout fixed it
+        assert -1.0 < logged["reward"] <= 1.0, logged
         # the callback closed the factory when training ended: nothing is left
         assert envs.environments == [] and envs.close() == 0
 
