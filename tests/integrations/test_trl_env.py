@@ -123,7 +123,7 @@ def test_claw_environment_tools_and_reward(client: Orchard, no_leaks: Callable[[
         assert "error" in env.todo_complete(id="t-nope")  # a tool error goes back as text
         env.reset(**row)  # the world is reset to the task's seed, not recreated
         assert orchard_reward([reply], [env]) == [-1.0]
-        env._world.sandbox.delete()  # a world gone under the run: no reward, no crash
+        env._world.result().sandbox.delete()  # a world gone under the run: no reward
         assert orchard_reward([reply], [env]) == [None]
 
 
@@ -169,6 +169,8 @@ def test_sandboxes_go_when_training_fails(client: Orchard, no_leaks: Callable[[s
         pytest.raises(RuntimeError, match="the trainer failed"),
         OrchardEnvironments("claw", [spec], client=client) as envs,
     ):
-        envs().reset(**envs.dataset()[0])
-        assert leftover("trl")  # the world is running
+        env = envs()
+        env.reset(**envs.dataset()[0])  # the world starts in the background
+        env._world.result()
+        assert leftover("trl")
         raise RuntimeError("the trainer failed")

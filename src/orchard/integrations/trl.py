@@ -130,6 +130,7 @@ class OrchardEnvironments:
                 env._close()
             except Exception as e:  # close the others anyway
                 errors.append(e)
+        self.settings.pool.shutdown(wait=True)  # starts and deletes still under way
         left = delete_labelled(self.client, TOOL, {RUN_LABEL: label_value(self.run_id)})
         if self._own_client:
             self.client.close()

@@ -17,7 +17,8 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchard.agents.llm import truncate_output
@@ -52,6 +53,11 @@ class EnvSettings:
     claw_harness: Literal["tools", "assistant"] = "tools"
     judge: Any = None  # GUI: a judge (default: the state judge); Claw: an LLM rubric judge
     gui_max_steps: int | None = None
+    # TRL resets a batch's environments one after another: sandboxes start on this pool
+    # meanwhile (the first tool call or the grading waits for its own), and old ones go
+    pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="trl-sandbox")
+    )
 
     def reward(self, resolved: bool) -> float:
         return self.reward_resolved if resolved else self.reward_unresolved
@@ -154,6 +160,24 @@ class OrchardEnv:
         return truncate_output(text, self._settings.output_limit_chars)[0]
 
 
+def _result(future: Future[Any] | None, what: str) -> Any:
+    """What `future` made; the environment was not reset when there is none."""
+    if future is None:
+        raise RuntimeError(f"no {what}: the environment was not reset")
+    return future.result()
+
+
+def _discard(future: Future[Any] | None, close: Callable[[Any], None]) -> None:
+    """`close` what `future` made, once it is made (nothing when making it failed)."""
+    if future is None:
+        return
+    try:
+        made = future.result()
+    except Exception:  # never made: nothing to delete
+        return
+    close(made)
+
+
 class SweEnvironment(OrchardEnv):
     """An SWE task: a fresh sandbox of the task image per reset, a bash tool, SWE-bench grading."""
 
@@ -167,13 +191,17 @@ class SweEnvironment(OrchardEnv):
 
     def __init__(self, settings: EnvSettings) -> None:
         super().__init__(settings)
-        self._sandbox: Sandbox | None = None
+        self._sandbox: Future[Sandbox] | None = None
 
     def _start(self, task: Any) -> str:
-        self._close()
         s = self._settings
-        self._sandbox = s.client.sandboxes.create(
-            task.image, labels=dict(s.labels), timeout_s=s.sandbox_timeout_s
+        old, self._sandbox = self._sandbox, None
+        s.pool.submit(_discard, old, _delete)
+        self._sandbox = s.pool.submit(
+            s.client.sandboxes.create,
+            task.image,
+            labels=dict(s.labels),
+            timeout_s=s.sandbox_timeout_s,
         )
         return self._task_text(task)
 
@@ -190,9 +218,8 @@ class SweEnvironment(OrchardEnv):
         Returns:
             The exit code and the command's output.
         """
-        if self._sandbox is None or self._task is None:
-            raise RuntimeError("no sandbox: the environment was not reset")
-        r = self._sandbox.exec(
+        sandbox: Sandbox = _result(self._sandbox, "sandbox")
+        r = sandbox.exec(
             ["bash", "-c", "exec 2>&1\n" + command],
             cwd=self._task.workdir,
             env={"PAGER": "cat", "TQDM_DISABLE": "1"},
@@ -206,10 +233,9 @@ class SweEnvironment(OrchardEnv):
     def _grade(self, completion: Any) -> float:
         from orchard.swe.grading import Prediction, grade
 
-        if self._sandbox is None or self._task is None:
-            return self._settings.reward(False)
         task, s = self._task, self._settings
-        diff = self._sandbox.exec(["git", "-c", "core.fileMode=false", "diff"], cwd=task.workdir)
+        sandbox: Sandbox = _result(self._sandbox, "sandbox")
+        diff = sandbox.exec(["git", "-c", "core.fileMode=false", "diff"], cwd=task.workdir)
         pred = Prediction(task.instance_id, diff.stdout, "trl")
         result = grade(s.client, task, pred, test_timeout_s=s.grade_timeout_s, labels=s.labels)
         if result.verify_status == "ERROR":
@@ -217,9 +243,12 @@ class SweEnvironment(OrchardEnv):
         return s.reward(result.resolved)
 
     def _close(self) -> None:
-        sb, self._sandbox = self._sandbox, None
-        if sb is not None:
-            sb.delete(missing_ok=True)
+        future, self._sandbox = self._sandbox, None
+        _discard(future, _delete)
+
+
+def _delete(sandbox: Sandbox) -> None:
+    sandbox.delete(missing_ok=True)
 
 
 class ClawEnvironment(OrchardEnv):
@@ -231,41 +260,51 @@ class ClawEnvironment(OrchardEnv):
 
     def __init__(self, settings: EnvSettings) -> None:
         super().__init__(settings)
-        self._world: Any = None
+        self._world: Future[Any] | None = None  # the world, seeded for the current task
 
     def _start(self, task: Any) -> str:
+        self._world = self._settings.pool.submit(self._prepare, self._world, task)
+        return str(task.request)
+
+    def _prepare(self, previous: Future[Any] | None, task: Any) -> Any:
+        """The world (started on the first reset, then reused) reset to `task`'s seed."""
         from orchard.claw.runner import prepare
         from orchard.claw.world import World
 
-        if self._world is None:
+        try:
+            world = previous.result() if previous is not None else None
+        except Exception:  # the last one never started: start again
+            world = None
+        if world is None:
             s = self._settings
-            self._world = World.start(s.client, labels=s.labels, timeout_s=s.sandbox_timeout_s)
-        prepare(self._world, task)
-        return str(task.request)
+            world = World.start(s.client, labels=s.labels, timeout_s=s.sandbox_timeout_s)
+        try:
+            prepare(world, task)
+        except BaseException:
+            world.close()  # never handed out: it would be left behind
+            raise
+        return world
 
     def _call(self, tool: str, args: dict[str, Any]) -> str:
         from orchard.claw.harness import render_result
 
-        if self._world is None:
-            raise RuntimeError("no world: the environment was not reset")
-        return self._text(render_result(self._world.call(tool, args)))
+        world = _result(self._world, "world")
+        return self._text(render_result(world.call(tool, args)))
 
     def _grade(self, completion: Any) -> float:
         from orchard.claw.grading import PASS_THRESHOLD, grade
 
-        if self._world is None or self._task is None:
-            return self._settings.reward(False)
+        world = _result(self._world, "world")
         messages = list(completion) if isinstance(completion, list) else []
-        audit, state = self._world.audit(), self._world.state()
+        audit, state = world.audit(), world.state()
         g = grade(self._task, audit, state, last_answer(completion), messages, self._settings.judge)
         if self._settings.claw_reward == "score":
             return round(g.score - PASS_THRESHOLD, 6)
         return self._settings.reward(g.passed)
 
     def _close(self) -> None:
-        world, self._world = self._world, None
-        if world is not None:
-            world.close()
+        future, self._world = self._world, None
+        _discard(future, lambda world: world.close())
 
 
 class GuiEnvironment(OrchardEnv):
