@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from orchard.swe.harness import load_config
 from orchard.swe.rollout import swe_runner_factory
 from orchard.swe.tasks import Task
 from orchard.train.grpo import train_grpo
+from orchard.train.rollout import trainer_generator
 from orchard.train.tiny import build_model
 from orchard.train.vllm_server import VLLMServerGenerator, server_mode
 from tests.integrations.fake_vllm_serve import FakeVLLMServe, cpu_weight_transfer
@@ -80,6 +82,30 @@ def test_grpo_step_generates_and_syncs_weights_through_the_server(
     # the log-probs TRL trained with came from the server, sampled with the synced weights
     [logged] = [h for h in metrics["log_history"] if "sampling/sampling_logp_difference/max" in h]
     assert logged["sampling/sampling_logp_difference/max"] < 1e-3
+
+
+def test_a_process_without_the_client_opens_its_own(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a multi-GPU run only the main process holds TRL's client (it syncs the weights);
+    another one generates through a client of its own, with no weight-transfer group."""
+    cpu_weight_transfer(monkeypatch)
+    with FakeVLLMServe(build_model(tokenizer), tokenizer) as server:
+        args = SimpleNamespace(
+            vllm_server_base_url=server.url, vllm_server_host="", vllm_server_port=0,
+            vllm_server_timeout=10.0,
+        )  # fmt: skip
+        trainer = SimpleNamespace(
+            use_vllm=True, vllm_mode="server", vllm_generation=SimpleNamespace(), args=args
+        )
+        gen = trainer_generator(trainer, tokenizer, temperature=0.7, top_p=1.0, seed=3)
+        assert isinstance(gen, VLLMServerGenerator)
+        out = gen.generate(tokenizer.encode("hello"), 5)
+        assert 0 < len(out.ids) <= 5 and len(out.logprobs) == len(out.ids)
+        assert trainer.vllm_generation.vllm_client is gen.client  # kept for the next steps
+        assert trainer_generator(trainer, tokenizer).client is gen.client
+    assert server.requests["/v1/completions"] == 1 and server.completions[0]["seed"] == 3
+    assert "/init_weight_transfer_engine" not in server.requests
 
 
 class _Client:
