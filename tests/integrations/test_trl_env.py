@@ -138,6 +138,8 @@ def test_unknown_task_and_family_are_clear_errors(client: Orchard) -> None:
         envs().reset(instance_id="missing")
     with pytest.raises(RuntimeError, match="closed"):
         envs()
+    with pytest.raises(ValueError, match="claw_reward must be pass or score"):
+        OrchardEnvironments("claw", [spec], client=client, claw_reward="dense")
 
 
 def test_gui_environment_text_mode(client: Orchard, no_leaks: Callable[[str], Any]) -> None:

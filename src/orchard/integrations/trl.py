@@ -92,10 +92,15 @@ class OrchardEnvironments:
             client = Orchard()
         self.client = client
         extra = {RUN_LABEL: label_value(self.run_id), **(labels or {})}
-        self.settings = EnvSettings(
-            client, labels_for(TOOL, extra), {t.instance_id: t for t in chosen}, **settings
-        )
-        self.env_class = environment_class(family, chosen, self.settings)
+        try:
+            self.settings = EnvSettings(
+                client, labels_for(TOOL, extra), {t.instance_id: t for t in chosen}, **settings
+            )
+            self.env_class = environment_class(family, chosen, self.settings)
+        except BaseException:
+            if self._own_client:
+                client.close()
+            raise
         self.environments: list[OrchardEnv] = []
         self._closed = False
 

@@ -59,6 +59,12 @@ class EnvSettings:
         default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="trl-sandbox")
     )
 
+    def __post_init__(self) -> None:
+        if self.claw_reward not in ("pass", "score"):
+            raise ValueError(f"claw_reward must be pass or score, not {self.claw_reward!r}")
+        if self.claw_harness not in ("tools", "assistant"):
+            raise ValueError(f"claw_harness must be tools or assistant, not {self.claw_harness!r}")
+
     def reward(self, resolved: bool) -> float:
         return self.reward_resolved if resolved else self.reward_unresolved
 
