@@ -1,4 +1,4 @@
-"""Fixtures for the training tests: the tiny model and tokenizer."""
+"""Fixtures for the training tests: the tiny model and tokenizer, one torch thread."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from orchard import Orchard
 from orchard.env.config import ServiceConfig
 from orchard.swe.tasks import Task
 from orchard.train.tiny import build_tokenizer, save_tiny
-from tests.train.tiny_grpo import intervals_task
+from tests.train.tiny_grpo import intervals_task, one_torch_thread
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Every training test's tiny-model work on one torch thread (see `one_torch_thread`)."""
+    yield from one_torch_thread()
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ synced the weights before the rollouts and that the episodes sampled from the sy
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,14 +27,9 @@ from orchard.train.tiny import build_model
 from orchard.train.vllm_server import VLLMServerGenerator, server_mode
 from tests.integrations.fake_vllm_serve import FakeVLLMServe, cpu_weight_transfer
 from tests.train.test_grpo import taught_model
-from tests.train.tiny_grpo import one_torch_thread, tiny_grpo_config
+from tests.train.tiny_grpo import tiny_grpo_config
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    yield from one_torch_thread()
 
 
 def free_port() -> int:
