@@ -14,6 +14,7 @@ FAMILIES = ("orchard.swe", "orchard.gui", "orchard.claw")
 # Higher imports lower, never the reverse. `orchard` (the package root) re-exports the SDK.
 RANKS = {
     "orchard.cli": 5,
+    "orchard.integrations": 5,  # adapters over the SDK, the families and train
     "orchard.demo": 5,
     "orchard.integrations": 5,  # adapters for other tools: over the families, like the CLI
     **dict.fromkeys(FAMILIES, 4),

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from orchard import Orchard
 from orchard.agents.llm import OpenAIModel
@@ -28,7 +27,7 @@ from orchard.train.grpo import train_grpo
 from orchard.train.rollout import HFGenerator
 from orchard.train.tokenize import Trajectory, tokenize_trajectory
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
-from tests.train.tiny_grpo import teach, tiny_grpo_config
+from tests.train.tiny_grpo import one_torch_thread, teach, tiny_grpo_config
 
 # a short prompt: the tiny model is taught on it in seconds
 CONFIG = GuiAgentConfig(
@@ -67,14 +66,8 @@ class AlternatingJudge:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """A tiny model on a shared 2-core machine runs ~10x faster on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def _one_torch_thread() -> Iterator[None]:
+    yield from one_torch_thread()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Fixtures for the training tests: the tiny model and tokenizer."""
+"""Fixtures for the training tests: the tiny model and tokenizer, one torch thread."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ import pytest
 
 from orchard import Orchard
 from orchard.env.config import ServiceConfig
-from orchard.swe.images import task_image
-from orchard.swe.tasks import Task, sample_tasks
+from orchard.swe.tasks import Task
 from orchard.train.tiny import build_tokenizer, save_tiny
+from tests.train.tiny_grpo import intervals_task, one_torch_thread
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Every training test's tiny-model work on one torch thread (see `one_torch_thread`)."""
+    yield from one_torch_thread()
 
 
 @pytest.fixture(scope="session")
@@ -29,9 +35,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def task(docker_ready: None) -> Task:
     """The sample task `intervals-1`, its image built offline once and reused by tag."""
-    t = next(t for t in sample_tasks() if t.instance_id == "orchard-samples__intervals-1")
-    task_image(t)
-    return t
+    task: Task = intervals_task()
+    return task
 
 
 @pytest.fixture(scope="session")

@@ -312,6 +312,13 @@ def grpo(
             "where the backend keeps snapshots).",
         ),
     ] = None,
+    vllm_server: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-server",
+            help="Sample rollouts from this `trl vllm-serve` URL (TRL syncs the weights).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """GRPO with BAR on one family's tasks, episodes in Orchard sandboxes (ORCHARD_URL, or an
@@ -334,6 +341,11 @@ def grpo(
     }
     if fork is not None:
         fields["fork"] = fork
+    if vllm_server is not None:
+        from orchard.train.vllm_server import server_mode
+
+        with bad_request(ValueError):
+            fields["extra"] = {**(fields.get("extra") or {}), **server_mode(vllm_server)}
     cfg = GRPORunConfig(**fields)
     sandbox_labels = labels(label)
     with bad_request(OSError, ValueError, KeyError):

@@ -32,7 +32,10 @@ from orchard.train.bar import (
     bar_rollout,
     group_drop_reason,
 )
+from orchard.train.generation import Generation as Generation  # re-exported
+from orchard.train.generation import Generator as Generator
 from orchard.train.tokenize import IncrementalChat
+from orchard.train.vllm_server import server_generator, uses_vllm_server
 
 if TYPE_CHECKING:
     from orchard.agents.llm import Completion, Mode, TokenUsage
@@ -40,19 +43,6 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 # ---------------------------------------------------------------- generation
-
-
-@dataclass
-class Generation:
-    ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" (end-of-turn produced) or "length"
-
-
-class Generator(Protocol):
-    """Samples a continuation of `prompt_ids` and returns each token's log-prob."""
-
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation: ...
 
 
 class HFGenerator:
@@ -401,8 +391,11 @@ def trainer_generator(
     temperature: float = 0.95,
     top_p: float = 0.95,
     seed: int | None = None,
-) -> HFGenerator:
-    """A generator over a TRL trainer's model as it is now (for a `runner_factory`)."""
+) -> Generator:
+    """A generator over a TRL trainer's model as it is now (for a `runner_factory`); with
+    `use_vllm=True, vllm_mode="server"`, over its vLLM server (weights synced by TRL)."""
+    if uses_vllm_server(trainer):
+        return server_generator(trainer, tokenizer, temperature=temperature, top_p=top_p, seed=seed)
     model = trainer.accelerator.unwrap_model(trainer.model)
     return HFGenerator(
         model,
