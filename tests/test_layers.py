@@ -16,7 +16,6 @@ RANKS = {
     "orchard.cli": 5,
     "orchard.integrations": 5,  # adapters over the SDK, the families and train
     "orchard.demo": 5,
-    "orchard.integrations": 5,  # adapters for other tools: over the families, like the CLI
     **dict.fromkeys(FAMILIES, 4),
     "orchard.train": 3,
     "orchard.agents": 2,
