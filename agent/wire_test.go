@@ -46,6 +46,7 @@ var wirePairs = []struct {
 	{"MkdirRequest", request, []any{files.MkdirRequest{}}},
 	{"RemoveRequest", request, []any{files.RemoveRequest{}}},
 	{"MoveRequest", request, []any{files.MoveRequest{}}},
+	{"AgentDefaults", request, []any{execapi.DefaultsRequest{}}},
 	{"ExecResult", response, []any{execapi.ExecResult{}}},
 	{"StreamEvent", response, []any{execapi.ChunkEvent{}, execapi.ExitEvent{}}},
 	{"ProcessInfo", response, []any{proc.Info{}}},

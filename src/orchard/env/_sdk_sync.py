@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal, Self, TypeVar, Unpack
 import httpx
 
 from orchard.env import _sdk_core as core
+from orchard.env import _sdk_pools as pools
 from orchard.env import _sdk_state as st
 from orchard.env import models as m
 from orchard.env import state_models as sm
@@ -76,6 +77,7 @@ class Orchard:
         )
         self.sandboxes = Sandboxes(self)
         self.snapshots = st.Snapshots(self)
+        self.pools = pools.Pools(self)
 
     def health(self) -> m.Health:
         """The service's health.

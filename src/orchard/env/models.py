@@ -81,6 +81,12 @@ class SandboxCreate(WireModel):
         max_length=64,
         description="start from this snapshot: its image, files and settings, unless overridden",
     )
+    pool: str | None = Field(
+        default=None,
+        max_length=64,
+        description="claim a ready sandbox of this warm pool (docs/pools.md); a fresh create "
+        "when it has none ready",
+    )
     cmd: list[str] | None = Field(
         default=None,
         description="run this (or, with [], the image's own entrypoint+cmd) under the agent",
@@ -113,8 +119,8 @@ class SandboxCreate(WireModel):
 
     @model_validator(mode="after")
     def _image_or_snapshot(self) -> SandboxCreate:
-        if not self.image and not self.snapshot:
-            raise ValueError("give an image (or a snapshot to start from)")
+        if not self.image and not self.snapshot and not self.pool:
+            raise ValueError("give an image (or a snapshot to start from, or a pool)")
         return self
 
     @field_validator("disk")
@@ -148,6 +154,11 @@ class Sandbox(WireModel):
     resources: Resources = Field(default_factory=Resources)
     exit_code: int | None = None
     error: str | None = None
+    from_pool: bool | None = Field(
+        default=None,
+        description="on the answer to a create with `pool`: whether a ready sandbox was "
+        "claimed (false: the pool had none, so it was created fresh)",
+    )
 
 
 class SandboxList(WireModel):

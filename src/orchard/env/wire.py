@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard.env import models as m
+from orchard.env import pool_models as pm
 
 # Every body the agent accepts or answers, by route (docs/agent-api.md).
 WIRE_MODELS: tuple[type[m.WireModel], ...] = (
@@ -40,6 +41,7 @@ WIRE_MODELS: tuple[type[m.WireModel], ...] = (
     m.RemoveRequest,  # POST /files/remove
     m.MoveRequest,  # POST /files/move
     m.TarResult,  # PUT /files/tar
+    pm.AgentDefaults,  # PUT /defaults (a claimed warm-pool sandbox)
 )
 
 # Headers that describe one hop, never the request itself (RFC 9110 7.6.1), plus the

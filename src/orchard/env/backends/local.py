@@ -45,6 +45,7 @@ from orchard.env.backends.local_net import LOCAL_BRIDGE, LocalNetwork
 from orchard.env.backends.mount_ns import MOUNT_FAILED, RootfsMounts, umount
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
+from orchard.env.backends.pool_claim import PoolClaims
 from orchard.env.backends.state_local import SCRATCH_MOUNT, LocalState
 from orchard.env.errors import Conflict, InvalidRequest, NotFound, SandboxExited, Unavailable
 from orchard.env.image_policy import ImagePolicy
@@ -92,7 +93,7 @@ class _Watch:
     exit_code: int | None = None
 
 
-class LocalBackend(LocalState, HostFolders):
+class LocalBackend(LocalState, PoolClaims, HostFolders):
     """The Backend protocol on runc; see the module docstring."""
 
     name = "local"

@@ -8,6 +8,7 @@ from orchard.env.server.routes import (
     exec,
     files,
     health,
+    pools,
     port_links,
     ports,
     processes,
@@ -18,6 +19,7 @@ from orchard.env.server.routes import (
 ROUTERS: tuple[APIRouter, ...] = (
     sandboxes.router,
     state.router,
+    pools.router,
     exec.router,
     processes.router,
     files.router,
