@@ -306,6 +306,7 @@ class PoolManager:
             pool.wake.set()
             rec = self.svc.record(sid)
             if rec is None or rec.state != "running" or rec.owner != pool.owner:
+                log.warning("pool %s: ready %s was gone at its claim: %s", pool.rec.name, sid, rec)
                 continue  # gone meanwhile: reconcile forgets it, the refill replaces it
             self._claimed[sid] = time.monotonic()
             try:
@@ -314,7 +315,7 @@ class PoolManager:
                 if e.status < 500:  # the request's fault (an unknown user, a bad folder)
                     await self._discard(sid)
                     raise
-                log.warning("pool %s: claim of %s failed: %s", pool.rec.name, sid, e)
+                log.warning("pool %s: claim of %s failed: %r", pool.rec.name, sid, e)
                 await self._discard(sid)
                 continue
             pool.claimed += 1
