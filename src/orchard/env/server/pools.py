@@ -90,6 +90,7 @@ class _Pool:
     rec: PoolRecord
     ready: deque[str] = field(default_factory=deque)
     creating: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    adopting: set[str] = field(default_factory=set)  # found running, agent not seen yet
     failed: int = 0
     claimed: int = 0
     in_a_row: int = 0  # failed refills since the last one that worked
@@ -258,7 +259,7 @@ class PoolManager:
     async def _refill(self, pool: _Pool) -> None:
         while not pool.deleted and not self.svc.stopping:
             now = time.monotonic()
-            need = pool.rec.size - len(pool.ready) - len(pool.creating)
+            need = pool.rec.size - self._coming(pool)
             room = REFILL_CONCURRENCY - len(pool.creating)
             if need > 0 and room > 0 and now >= pool.retry_at:
                 for _ in range(min(need, room)):
@@ -270,6 +271,11 @@ class PoolManager:
                 wait = min(POLL_S, pool.retry_at - now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pool.wake.wait(), max(wait, 0.01))
+
+    @staticmethod
+    def _coming(pool: _Pool) -> int:
+        """Sandboxes the pool has or will have without another create."""
+        return len(pool.ready) + len(pool.creating) + len(pool.adopting)
 
     async def _make(self, pool: _Pool, spec: SandboxSpec) -> None:
         try:
@@ -418,6 +424,7 @@ class PoolManager:
         listed = {r.id: r for r in records if split_pool_owner(r.owner)}
         drop: builtins.list[str] = []
         for known in self._pools.values():
+            known.adopting &= set(listed)
             alive = [i for i in known.ready if self._runs(listed.get(i) or self.svc.record(i))]
             if len(alive) != len(known.ready):
                 known.ready = deque(alive)
@@ -429,10 +436,16 @@ class PoolManager:
             pool = self._pools.get((owner, name))
             if pool is None or not self._runs(rec):
                 drop.append(sid)
-            elif sid in pool.ready or sid in pool.creating or self.svc.is_pending(sid):
-                continue  # known, or its agent not up yet (seen again next time)
-            elif len(pool.ready) + len(pool.creating) < pool.rec.size:
-                pool.ready.append(sid)  # adopted, e.g. after a restart
+            elif sid in pool.ready or sid in pool.creating:
+                continue
+            elif sid in pool.adopting or self._coming(pool) < pool.rec.size:
+                # Adopted (e.g. after a restart) once its agent answers; until then it
+                # counts as coming, so the refill does not replace it meanwhile.
+                pool.adopting.discard(sid)
+                if self.svc.is_pending(sid):
+                    pool.adopting.add(sid)
+                else:
+                    pool.ready.append(sid)
             else:
                 drop.append(sid)
         results = await asyncio.gather(*(self.svc.remove(i) for i in drop), return_exceptions=True)
