@@ -4,6 +4,7 @@ churn, restart and kill -9, tenancy, quotas, clean-up, CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -13,15 +14,19 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
 
 from orchard.env.config import ServiceConfig
-from orchard.env.errors import NotFound, PoolMismatch, QuotaExceeded
+from orchard.env.errors import NotFound, NotSupported, PoolMismatch, QuotaExceeded
 from orchard.env.limits import Limits
+from orchard.env.pool_models import PoolCreate
 from orchard.env.sdk import Orchard
 from orchard.env.server import EmbeddedService
+from orchard.env.server.pools import PoolManager
 from orchard.env.server.service import SandboxService
 
 KEY_A, KEY_B = "pools-key-a-0123456789", "pools-key-b-0123456789"
@@ -312,3 +317,15 @@ def test_cli_pool_create_ls_inspect_rm(service: EmbeddedService, busybox_image: 
     assert "p" in cli("pool", "ls")
     cli("pool", "rm", "p")
     assert json.loads(cli("pool", "ls", "--json")) == []
+
+
+def test_pools_answer_501_on_a_backend_that_cannot_claim(tmp_path: Path) -> None:
+    """kubernetes keeps owner and labels in pod labels and has no claim (docs/pools.md)."""
+    svc: Any = SimpleNamespace(
+        config=ServiceConfig(state_dir=tmp_path, secret=b"x"),
+        backend=SimpleNamespace(name="kubernetes"),
+    )
+    body = PoolCreate(name="p", image="busybox", size=1)
+    with pytest.raises(NotSupported) as err:
+        asyncio.run(PoolManager(svc).create("alice", body))
+    assert err.value.status == 501 and "kubernetes" in str(err.value)
