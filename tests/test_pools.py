@@ -217,6 +217,8 @@ def test_pools_survive_a_restart_and_a_kill_9_leaves_nothing(
     second = start()
     with _client(second) as c:
         assert c.pools.wait_ready("keep").ready == 2
+        if _pool_ids(second) != kept:
+            print("DBG", sorted((r.id, r.owner, r.state) for r in _core(second).records()), {k: (list(p.ready), list(p.creating), p.adopting, p.failed, p.last_error) for k, p in _core(second).pools._pools.items()}, kept)
         assert _pool_ids(second) == kept  # adopted, not replaced
     second.stop()
     # A kill -9 of `orchard serve`, with a pool deleted while it was down (its file went
@@ -329,3 +331,22 @@ def test_pools_answer_501_on_a_backend_that_cannot_claim(tmp_path: Path) -> None
     with pytest.raises(NotSupported) as err:
         asyncio.run(PoolManager(svc).create("alice", body))
     assert err.value.status == 501 and "kubernetes" in str(err.value)
+
+
+def test_async_sdk_has_the_same_names(service: EmbeddedService, busybox_image: str) -> None:
+    from orchard.env.sdk import AsyncOrchard
+
+    async def main() -> None:
+        async with AsyncOrchard(f"unix://{service.socket_path}", KEY_A) as c:
+            made = await c.pools.create("a", busybox_image, 1)
+            assert made.name == "a" and [p.name for p in await c.pools.list()] == ["a"]
+            assert (await c.pools.wait_ready("a")).ready == 1
+            sb = await c.sandboxes.create(pool="a", env={"K": "async"})
+            assert sb.info.from_pool and (await sb.exec("echo $K")).stdout == "async\n"
+            await sb.delete()
+            assert (await c.pools.get("a")).claimed == 1
+            await c.pools.delete("a")
+            with pytest.raises(NotFound):
+                await c.pools.get("a")
+
+    asyncio.run(main())

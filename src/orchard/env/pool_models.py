@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from orchard.env.input_limits import MIN_CPU
+from orchard.env.input_limits import MIN_CPU, MIN_DISK_BYTES, parse_size
 from orchard.env.models import Env, NetworkPolicy, WireModel
 
 MAX_POOL_SIZE = 100
@@ -32,6 +32,12 @@ class PoolCreate(WireModel):
         description="the egress its sandboxes are born with; a claim asking for the same "
         "one changes nothing, another one is applied at claim",
     )
+
+    @field_validator("disk")
+    @classmethod
+    def _disk_size(cls, v: str | int | None) -> str | int | None:
+        parse_size(v, "disk", MIN_DISK_BYTES)  # as SandboxCreate: 422 here, not later
+        return v
 
 
 class PoolSettings(WireModel):

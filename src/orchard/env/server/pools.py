@@ -29,6 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from orchard.env.backends.base import Backend, SandboxRecord, SandboxSpec
 from orchard.env.backends.pool_claim import Claim, Claimable
 from orchard.env.config import ServiceConfig
@@ -96,6 +98,7 @@ class _Pool:
     ready: deque[str] = field(default_factory=deque)
     creating: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     adopting: set[str] = field(default_factory=set)  # found running, agent not seen yet
+    ready_at: dict[str, float] = field(default_factory=dict)  # wall time each became ready
     failed: int = 0
     claimed: int = 0
     in_a_row: int = 0  # failed refills since the last one that worked
@@ -110,6 +113,10 @@ class _Pool:
     @property
     def owner(self) -> str:
         return pool_owner(self.rec.owner, self.rec.name)
+
+    def add_ready(self, sandbox_id: str) -> None:
+        self.ready.append(sandbox_id)
+        self.ready_at[sandbox_id] = time.time()
 
 
 def _dt(ts: float) -> datetime:
@@ -145,15 +152,17 @@ class PoolManager:
             self._run(pool)
 
     async def stop(self) -> None:
-        """Stop refilling; ready sandboxes keep running (a restarted service adopts them)."""
+        """Stop refilling; ready sandboxes keep running (a restarted service adopts them).
+
+        Refills in flight are creates of the service, which cancels them (once: a second
+        cancel would cut their clean-up short) right after this."""
         self._started = False
-        tasks: list[asyncio.Task[None]] = []
+        loops = [p.loop for p in self._pools.values() if p.loop is not None]
         for pool in self._pools.values():
-            tasks += [t for t in (pool.loop, *pool.creating.values()) if t is not None]
             pool.loop = None
-        for t in tasks:
+        for t in loops:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*loops, return_exceptions=True)
 
     def _run(self, pool: _Pool) -> None:
         if self._started and pool.loop is None:
@@ -209,7 +218,11 @@ class PoolManager:
                 details={"limit": "max_sandboxes", "value": most},
             )
         given = body.model_dump(include=set(body.model_fields_set) & {*_FIXED, "network"})
-        sample = self.svc.build_spec(owner, SandboxCreate(image=body.image, **given))
+        try:
+            template = SandboxCreate(image=body.image, **given)
+        except ValidationError as e:
+            raise InvalidRequest(f"invalid pool settings: {e.errors()[0]['msg']}") from None
+        sample = self.svc.build_spec(owner, template)
         rec = PoolRecord(
             owner=owner,
             name=body.name,
@@ -302,7 +315,7 @@ class PoolManager:
             if pool.deleted:
                 await self.svc.remove(spec.id)
             else:
-                pool.ready.append(spec.id)
+                pool.add_ready(spec.id)
         finally:
             pool.creating.pop(spec.id, None)
             pool.wake.set()
@@ -321,8 +334,10 @@ class PoolManager:
         pool.burst_start = pool.burst_start or pool.last_claim
         while pool.ready:
             sid = pool.ready.popleft()
+            pool.ready_at.pop(sid, None)
             pool.wake.set()
-            rec = self.svc.record(sid)
+            # (Not cached: a reconcile whose list was taken mid-create forgot it; ask.)
+            rec = self.svc.record(sid) or await self.svc.backend.get(sid)
             if rec is None or rec.state != "running" or rec.owner != pool.owner:
                 log.warning("pool %s: ready %s was gone at its claim: %s", pool.rec.name, sid, rec)
                 continue  # gone meanwhile: reconcile forgets it, the refill replaces it
@@ -428,18 +443,28 @@ class PoolManager:
 
     # ------------------------------------------------------------ reconcile
 
-    async def reconcile(self, records: builtins.list[SandboxRecord]) -> builtins.list[str]:
-        """Match the pooled sandboxes the backend listed to their pools; returns the ids
-        removed (of no pool, not running, or beyond their pool's size)."""
+    async def reconcile(
+        self, records: builtins.list[SandboxRecord], listed_at: float
+    ) -> builtins.list[str]:
+        """Match the pooled sandboxes the backend listed (from `listed_at` on) to their
+        pools; returns the ids removed (of no pool, not running, or beyond its size)."""
         now = time.monotonic()
         self._claimed = {i: t for i, t in self._claimed.items() if now - t < CLAIM_MEMORY_S}
         listed = {r.id: r for r in records if split_pool_owner(r.owner)}
         drop: builtins.list[str] = []
         for known in self._pools.values():
             known.adopting &= set(listed)
-            alive = [i for i in known.ready if self._runs(listed.get(i) or self.svc.record(i))]
+            # One the list missed is gone, unless it became ready after the list began.
+            alive = [
+                i
+                for i in known.ready
+                if (
+                    self._runs(listed[i]) if i in listed else known.ready_at.get(i, 0.0) > listed_at
+                )
+            ]
             if len(alive) != len(known.ready):
                 known.ready = deque(alive)
+                known.ready_at = {i: known.ready_at.get(i, 0.0) for i in alive}
                 known.wake.set()
         for sid, rec in listed.items():
             if sid in self._claimed or self.svc.is_inflight(sid):
@@ -457,7 +482,7 @@ class PoolManager:
                 if self.svc.is_pending(sid):
                     pool.adopting.add(sid)
                 else:
-                    pool.ready.append(sid)
+                    pool.add_ready(sid)
             else:
                 drop.append(sid)
         results = await asyncio.gather(*(self.svc.remove(i) for i in drop), return_exceptions=True)

@@ -623,7 +623,7 @@ class SandboxService:
             except Exception:
                 log.exception("reconcile: orphan cleanup failed")
         try:
-            removed["orphan"].extend(await self.pools.reconcile(records))
+            removed["orphan"].extend(await self.pools.reconcile(records, listed_at))
         except Exception:
             log.exception("reconcile: pools failed")
         try:
