@@ -94,9 +94,14 @@ def inspect(ctx: typer.Context, name: NameArg, json_out: JsonOpt = False) -> Non
 
 
 @pool_app.command("rm")
-def remove(ctx: typer.Context, names: Annotated[list[str], typer.Argument()]) -> None:
+def remove(
+    ctx: typer.Context, names: Annotated[list[str], typer.Argument()], json_out: JsonOpt = False
+) -> None:
     """Delete pools and their unclaimed sandboxes."""
     with connect(ctx) as client:
         for name in names:
             client.pools.delete(name)
-            out.print(name)
+            if not json_out:
+                out.print(name)
+    if json_out:
+        print_json({"deleted": names})

@@ -132,7 +132,8 @@ class SandboxService:
     def _cancel_creates(self) -> None:
         self.stopping = True
         for task in list(self._create_tasks):
-            task.cancel()
+            if not task.cancelling():  # once: a second cancel would cut its clean-up short
+                task.cancel()
 
     async def stop(self, *, delete_created: bool = False) -> None:
         """Stop background work; sandboxes keep running unless `delete_created`."""
