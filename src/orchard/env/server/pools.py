@@ -454,13 +454,12 @@ class PoolManager:
         drop: builtins.list[str] = []
         for known in self._pools.values():
             known.adopting &= set(listed)
-            # One the list missed is gone, unless it became ready after the list began.
+            # What the list says of one that became ready after it began is older than
+            # what we know (it may show it still starting, or not at all).
             alive = [
                 i
                 for i in known.ready
-                if (
-                    self._runs(listed[i]) if i in listed else known.ready_at.get(i, 0.0) > listed_at
-                )
+                if known.ready_at.get(i, 0.0) > listed_at or self._runs(listed.get(i))
             ]
             if len(alive) != len(known.ready):
                 known.ready = deque(alive)
@@ -471,10 +470,10 @@ class PoolManager:
                 continue
             owner, name = split_pool_owner(rec.owner) or ("", "")
             pool = self._pools.get((owner, name))
+            if pool is not None and (sid in pool.ready or sid in pool.creating):
+                continue  # known (the list's state of it may be older than ours)
             if pool is None or not self._runs(rec):
                 drop.append(sid)
-            elif sid in pool.ready or sid in pool.creating:
-                continue
             elif sid in pool.adopting or self._coming(pool) < pool.rec.size:
                 # Adopted (e.g. after a restart) once its agent answers; until then it
                 # counts as coming, so the refill does not replace it meanwhile.
