@@ -351,6 +351,9 @@ class PoolManager:
                 log.warning("pool %s: claim of %s failed: %r", pool.rec.name, sid, e)
                 await self._discard(sid)
                 continue
+            except asyncio.CancelledError:  # the client went away: undone, as a create is
+                await asyncio.shield(self._discard(sid))
+                raise
             pool.claimed += 1
             return sandbox
         fresh = req.model_copy(update=self._fresh_fields(pool.rec, req))
