@@ -13,6 +13,7 @@ local), each in its own in-process service.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -117,6 +118,7 @@ def _bench_pool(backend: str, image: str, claims: int, size: int = 10) -> dict[s
             with common.timer(create):
                 sb = c.sandboxes.create(image)
             sb.delete()
+    shutil.rmtree(state, ignore_errors=True)
     return {
         "claim": common.summarize(claim),
         "create": common.summarize(create),
