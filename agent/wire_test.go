@@ -47,6 +47,7 @@ var wirePairs = []struct {
 	{"RemoveRequest", request, []any{files.RemoveRequest{}}},
 	{"MoveRequest", request, []any{files.MoveRequest{}}},
 	{"TokenUpdate", request, []any{TokenUpdate{}}},
+	{"AgentDefaults", request, []any{execapi.DefaultsRequest{}}},
 	{"ExecResult", response, []any{execapi.ExecResult{}}},
 	{"StreamEvent", response, []any{execapi.ChunkEvent{}, execapi.ExitEvent{}}},
 	{"ProcessInfo", response, []any{proc.Info{}}},

@@ -1,4 +1,5 @@
-"""Sandbox state: fork x8 vs 8 creates + set-up, pause/resume latency, snapshot size.
+"""Sandbox state: fork x8 vs 8 creates + set-up, pause/resume latency, snapshot size,
+warm-pool claim vs create latency.
 
 A "prepared SWE sample": a repository-like tree (2,000 small files, a 20 MiB blob, a
 `git init` where git exists) written by a set-up step. Fork = one snapshot + 8 sandboxes
@@ -13,11 +14,13 @@ does (`orchard.swe.prepare.Preparer`: one set-up, 8 attempts from its snapshot),
 fresh creates that each run the set-up, all 8 at once.
 
     .venv/bin/python bench/state.py [--backends docker,local] [--n 8] [--rounds 20] [--no-swe]
+    .venv/bin/python bench/state.py --only pools [--claims 40]
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -200,6 +203,55 @@ def _swe_table(results: dict[str, dict[str, Any]], n: int) -> None:
     print(common.table(f"SWE sample {SWE_TASK}: set-up once + fork", headers, rows))
 
 
+def _bench_pool(backend: str, image: str, claims: int, size: int = 10) -> dict[str, Any]:
+    """Warm pool: `claims` claims (each from a full pool) vs as many plain creates, one at a
+    time through the SDK (docs/pools.md); the target is a claim p50 of 30 ms or less."""
+    state = Path(tempfile.mkdtemp(prefix="ob-"))
+    with _client(backend, state) as c:
+        c.pools.create("bench", image, size)
+        claim, create, misses = [], [], 0
+        while len(claim) < claims:
+            c.pools.wait_ready("bench")
+            got = []
+            for _ in range(min(size, claims - len(claim))):
+                t0 = time.perf_counter()
+                sb = c.sandboxes.create(pool="bench", env={"RUN": "1"}, labels={"b": "1"})
+                took = time.perf_counter() - t0
+                got.append(sb)
+                if sb.info.from_pool:
+                    claim.append(took)
+                else:
+                    misses += 1
+            for sb in got:
+                sb.delete()
+        c.pools.delete("bench")
+        for _ in range(claims):
+            with common.timer(create):
+                sb = c.sandboxes.create(image)
+            sb.delete()
+    shutil.rmtree(state, ignore_errors=True)
+    return {
+        "claim": common.summarize(claim),
+        "create": common.summarize(create),
+        "misses": misses,
+    }
+
+
+def _pool_table(results: dict[str, dict[str, Any]]) -> str:
+    rows = [
+        [
+            b,
+            f"{r['claim']['p50_ms']:.1f} / {r['claim']['p99_ms']:.1f} ms",
+            f"{r['create']['p50_ms']:.1f} / {r['create']['p99_ms']:.1f} ms",
+            f"{r['create']['p50_ms'] / max(r['claim']['p50_ms'], 1e-9):.0f}x",
+            str(r["misses"]),
+        ]
+        for b, r in results.items()
+    ]
+    headers = ["backend", "pool claim p50 / p99", "create p50 / p99", "speed-up", "misses"]
+    return common.table("Warm pool claim vs create (target: claim p50 <= 30 ms)", headers, rows)
+
+
 def main(cleanup: common.Cleanup) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--backends", default="docker,local")
@@ -207,8 +259,16 @@ def main(cleanup: common.Cleanup) -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-swe", action="store_true", help="skip the SWE set-up + fork section")
+    ap.add_argument("--claims", type=int, default=40, help="warm-pool claims (and creates)")
+    ap.add_argument("--only", choices=["pools"], help="run only this section")
     args = ap.parse_args()
     image = busybox_image()
+    claims = 10 if args.quick else args.claims
+    pools = {b: _bench_pool(b, image, claims) for b in args.backends.split(",")}
+    print(_pool_table(pools))
+    if args.only == "pools":
+        common.write_json("state", {"machine": common.machine(), "pools": pools})
+        return 0
     results = {
         b: _bench(b, image, args.n, 5 if args.quick else args.rounds)
         for b in args.backends.split(",")
@@ -236,7 +296,9 @@ def main(cleanup: common.Cleanup) -> int:
     swe = {} if args.no_swe else {b: _bench_swe_fork(b, args.n) for b in args.backends.split(",")}
     if swe:
         _swe_table(swe, args.n)
-    common.write_json("state", {"machine": common.machine(), "results": results, "swe_fork": swe})
+    common.write_json(
+        "state", {"machine": common.machine(), "results": results, "swe_fork": swe, "pools": pools}
+    )
     return 0
 
 

@@ -54,6 +54,7 @@ _KEEP_REAL_ID = {
     ("POST", "/v1/sandboxes/{sandbox_id}/timeout"),
 }
 _CREATES = {"/v1/sandboxes", "/v1/sandboxes/batch"}
+_POOLS = "/v1/pools"  # a pool made by a generated request is deleted at once (its refills)
 _EXEC_LIKE = ("/exec", "/exec/stream", "/processes")
 
 
@@ -153,6 +154,8 @@ def _steer(case: Any, env: FuzzEnv) -> None:
     body = case.body
     if not isinstance(body, dict):
         return
+    if path == _POOLS and isinstance(body.get("image"), str):
+        body["image"] = env.image
     if path in _CREATES:
         if isinstance(body.get("image"), str):
             body["image"] = env.image
@@ -177,6 +180,11 @@ def lax_negative_data_rejection(ctx: Any, response: Any, case: Any) -> bool | No
 
 
 def _cleanup_created(case: Any, response: Any, env: FuzzEnv) -> None:
+    if case.operation.path == _POOLS and case.method.upper() == "POST":
+        if response.status_code == 201:
+            with env.service.client() as c:
+                c.delete(f"{_POOLS}/{response.json()['name']}")
+        return
     if case.operation.path not in _CREATES or response.status_code != 201:
         return
     data = response.json()

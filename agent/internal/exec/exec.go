@@ -21,8 +21,9 @@ type Config struct {
 
 // Handler serves the routes; it holds the process table.
 type Handler struct {
-	cfg   Config
-	procs *proc.Table
+	cfg      Config
+	procs    *proc.Table
+	defaults defaults // set by PUT /defaults (a claimed warm-pool sandbox)
 }
 
 // New makes the handlers for cfg.
@@ -30,12 +31,13 @@ func New(cfg Config) *Handler {
 	return &Handler{cfg: cfg, procs: proc.NewTable(cfg.Reaper, cfg.Spill)}
 }
 
-// Register adds /exec, /exec/stream, /processes and /processes/ to mux.
+// Register adds /exec, /exec/stream, /processes, /processes/ and /defaults to mux.
 func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("/exec", post(h.handleExec))
 	mux.HandleFunc("/exec/stream", post(h.handleExecStream))
 	mux.HandleFunc("/processes", h.handleProcesses)
 	mux.HandleFunc("/processes/", h.handleProcess)
+	mux.HandleFunc("/defaults", h.handleDefaults)
 }
 
 func post(fn http.HandlerFunc) http.HandlerFunc {

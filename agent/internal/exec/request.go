@@ -45,6 +45,7 @@ const shellPath = "/bin/sh"
 
 // buildSpec validates a request and resolves program, user and environment.
 func (h *Handler) buildSpec(req *ExecRequest) (*cmdSpec, error) {
+	env := h.defaults.apply(req, h.cfg.BaseEnv)
 	s := &cmdSpec{Spec: proc.Spec{Dir: req.Cwd}}
 	var argv []string
 	var line string
@@ -105,7 +106,7 @@ func (h *Handler) buildSpec(req *ExecRequest) (*cmdSpec, error) {
 		s.limit = int(req.MaxOutputBytes)
 	}
 
-	env := append([]string(nil), h.cfg.BaseEnv...)
+	env = append([]string(nil), env...)
 	if req.User == "" {
 		req.User = h.cfg.User
 	}

@@ -18,6 +18,7 @@ import typer
 from orchard.cli._common import Connection, err, examples
 from orchard.cli.claw import claw_app
 from orchard.cli.gui import gui_app
+from orchard.cli.pool import pool_app
 from orchard.cli.sandbox import sandbox_app
 from orchard.cli.serve import serve_app
 from orchard.cli.state import snapshot_app
@@ -49,6 +50,7 @@ app.add_typer(usage_app)  # `orchard usage`
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(volume_app, name="volume")
+app.add_typer(pool_app, name="pool")
 app.add_typer(swe_app, name="swe")
 app.add_typer(train_app, name="train")
 app.add_typer(claw_app, name="claw")

@@ -52,6 +52,9 @@ def create(
     snapshot: Annotated[
         str | None, typer.Option(help="Start from this snapshot (its image and settings).")
     ] = None,
+    pool: Annotated[
+        str | None, typer.Option(help="Claim a ready sandbox of this warm pool.")
+    ] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="How many.")] = 1,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
     label: Annotated[
@@ -112,6 +115,10 @@ def create(
             del opts["network"]  # the snapshot's own, unless one is given
         if not label:
             del opts["labels"]
+    if pool:
+        opts["pool"] = pool
+        if egress == "none" and not allow:
+            del opts["network"]  # the pool's own, unless one is given
     with connect(ctx) as client:
         if count == 1:
             infos = [client.sandboxes.create(image, **opts).info]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
 import httpx
 
 from orchard.env import _sdk_core as core
+from orchard.env import _sdk_pools as pools
 from orchard.env import _sdk_state as st
 from orchard.env import _sdk_sync as sync
 from orchard.env import _sdk_volumes as vol
@@ -78,6 +79,7 @@ class AsyncOrchard:
         self.sandboxes = AsyncSandboxes(self)
         self.snapshots = st.AsyncSnapshots(self)
         self.volumes = vol.AsyncVolumes(self)
+        self.pools = pools.AsyncPools(self)
 
     @property
     def http(self) -> httpx.AsyncClient:

@@ -213,6 +213,7 @@ def _proc(sandbox_id: str, pid: str) -> str:
 
 class CreateOptions(TypedDict, total=False):
     snapshot: str | None
+    pool: str | None
     cmd: list[str] | None
     env: dict[str, str]
     workdir: str | None

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal, Self, TypeVar, Unpack
 import httpx
 
 from orchard.env import _sdk_core as core
+from orchard.env import _sdk_pools as pools
 from orchard.env import _sdk_state as st
 from orchard.env import _sdk_volumes as vol
 from orchard.env import models as m
@@ -78,6 +79,7 @@ class Orchard:
         self.sandboxes = Sandboxes(self)
         self.snapshots = st.Snapshots(self)
         self.volumes = vol.Volumes(self)
+        self.pools = pools.Pools(self)
 
     def health(self) -> m.Health:
         """The service's health.

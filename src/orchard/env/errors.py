@@ -91,6 +91,12 @@ class SandboxPaused(Conflict):
     code = "sandbox_paused"
 
 
+class PoolMismatch(Conflict):
+    """A create with `pool` that asks for another image, size or start-up than the pool's."""
+
+    code = "pool_mismatch"
+
+
 class SandboxExited(OrchardError):
     code, status = "sandbox_exited", 410
 

@@ -81,6 +81,12 @@ class SandboxCreate(WireModel):
         max_length=64,
         description="start from this snapshot: its image, files and settings, unless overridden",
     )
+    pool: str | None = Field(
+        default=None,
+        max_length=64,
+        description="claim a ready sandbox of this warm pool (docs/pools.md); a fresh create "
+        "when it has none ready",
+    )
     cmd: list[str] | None = Field(
         default=None,
         description="run this (or, with [], the image's own entrypoint+cmd) under the agent",
@@ -117,8 +123,8 @@ class SandboxCreate(WireModel):
 
     @model_validator(mode="after")
     def _image_or_snapshot(self) -> SandboxCreate:
-        if not self.image and not self.snapshot:
-            raise ValueError("give an image (or a snapshot to start from)")
+        if not self.image and not self.snapshot and not self.pool:
+            raise ValueError("give an image (or a snapshot to start from, or a pool)")
         return self
 
     @field_validator("disk")
@@ -154,6 +160,11 @@ class Sandbox(WireModel):
     error: str | None = None
     volumes: dict[str, str] = Field(
         default_factory=dict, description='its mounts: target -> "name" or "name:ro"'
+    )
+    from_pool: bool | None = Field(
+        default=None,
+        description="on the answer to a create with `pool`: whether a ready sandbox was "
+        "claimed (false: the pool had none, so it was created fresh)",
     )
 
 

@@ -26,6 +26,7 @@ from orchard.env._sdk_async import (
 )
 from orchard.env._sdk_base import embedded_service
 from orchard.env._sdk_core import RetryPolicy
+from orchard.env._sdk_pools import AsyncPools, Pools
 from orchard.env._sdk_state import AsyncSnapshots, Snapshots
 from orchard.env._sdk_sync import (
     Batch,
@@ -44,6 +45,7 @@ __all__ = [
     "AsyncFork",
     "AsyncNetwork",
     "AsyncOrchard",
+    "AsyncPools",
     "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSandboxes",
@@ -53,6 +55,7 @@ __all__ = [
     "Fork",
     "Network",
     "Orchard",
+    "Pools",
     "Processes",
     "RetryPolicy",
     "Sandbox",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard.env import models as m
+from orchard.env import pool_models as pm
 
 # Every body the agent accepts or answers, by route (docs/agent-api.md).
 WIRE_MODELS: tuple[type[m.WireModel], ...] = (
@@ -41,6 +42,7 @@ WIRE_MODELS: tuple[type[m.WireModel], ...] = (
     m.MoveRequest,  # POST /files/move
     m.TarResult,  # PUT /files/tar
     m.TokenUpdate,  # POST /token
+    pm.AgentDefaults,  # PUT /defaults (a claimed warm-pool sandbox)
 )
 
 # Headers that describe one hop, never the request itself (RFC 9110 7.6.1), plus the

@@ -42,6 +42,7 @@ from orchard.env.backends import agent_socket
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.docker_images import DockerImages, ImageInfo, engine
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
+from orchard.env.backends.pool_claim import PoolClaims, claimed
 from orchard.env.backends.state_docker import DockerState
 from orchard.env.backends.volume_base import decode_mounts, encode_mounts
 from orchard.env.backends.volume_host import VolumeFolders
@@ -144,7 +145,7 @@ def _state(status: str) -> BackendState:
     return "exited"
 
 
-class DockerBackend(DockerState, HostFolders, VolumeFolders):
+class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
     """The Backend protocol on a Docker (or Podman) engine; see the module docstring."""
 
     name = "docker"
@@ -452,7 +453,7 @@ class DockerBackend(DockerState, HostFolders, VolumeFolders):
             expires_at = float(meta.get("expires_at", expires_at))
             if "network" in meta:
                 network = NetworkPolicy.model_validate(meta["network"])
-        return SandboxRecord(
+        rec = SandboxRecord(
             id=sid,
             owner=labels.get("orchard.owner", ""),
             image=labels.get("orchard.image", ""),
@@ -472,6 +473,7 @@ class DockerBackend(DockerState, HostFolders, VolumeFolders):
             default_user=labels.get("orchard.default_user") or None,
             volumes=decode_mounts(labels.get("orchard.volumes")),
         )
+        return claimed(rec, meta)  # a warm-pool sandbox's claim (pool_claim.py)
 
     def _ours(self, labels: Mapping[str, str] | None) -> bool:
         return bool(

@@ -45,6 +45,7 @@ from orchard.env.backends.local_net import LOCAL_BRIDGE, LocalNetwork
 from orchard.env.backends.mount_ns import MOUNT_FAILED, RootfsMounts, umount
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
+from orchard.env.backends.pool_claim import PoolClaims
 from orchard.env.backends.state_local import SCRATCH_MOUNT, LocalState
 from orchard.env.backends.volume_base import decode_mounts, encode_mounts
 from orchard.env.backends.volume_host import VolumeFolders
@@ -94,7 +95,7 @@ class _Watch:
     exit_code: int | None = None
 
 
-class LocalBackend(LocalState, HostFolders, VolumeFolders):
+class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
     """The Backend protocol on runc; see the module docstring."""
 
     name = "local"

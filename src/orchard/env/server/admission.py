@@ -22,6 +22,7 @@ from orchard.env.errors import CapacityExceeded, QuotaExceeded, RateLimited
 from orchard.env.limits import OwnerLimits
 from orchard.env.models import Usage
 from orchard.env.server.metrics import Metrics
+from orchard.env.server.pool_store import holder
 
 LIVE = ("pending", "running")  # backend states that hold cpu and memory
 
@@ -75,18 +76,18 @@ class Admission:
     # ------------------------------------------------------------ what an owner holds
 
     def held(self, owner: str, records: Iterable[SandboxRecord]) -> Held:
-        held = Held()
+        held = Held()  # a warm pool's sandboxes count as its owner's (pool_store.holder)
         for rec in records:
-            if rec.owner == owner and rec.id not in self._reserved:
+            if holder(rec.owner) == owner and rec.id not in self._reserved:
                 held.add(rec.cpu, rec.memory_bytes, rec.state in LIVE)
         for spec in self._reserved.values():
-            if spec.owner == owner:
+            if holder(spec.owner) == owner:
                 held.add(spec.cpu, spec.memory_bytes)
         return held
 
     def usage(self, owner: str, records: Iterable[SandboxRecord]) -> Usage:
         held = self.held(owner, records)
-        creating = sum(1 for s in self._reserved.values() if s.owner == owner)
+        creating = sum(1 for s in self._reserved.values() if holder(s.owner) == owner)
         return Usage(
             owner=owner,
             sandboxes=held.sandboxes,
@@ -98,7 +99,7 @@ class Admission:
 
     def owners(self, records: Iterable[SandboxRecord]) -> dict[str, Held]:
         recs = list(records)
-        names = {r.owner for r in recs} | {s.owner for s in self._reserved.values()}
+        names = {holder(r.owner) for r in recs} | {holder(s.owner) for s in self._reserved.values()}
         return {o: self.held(o, recs) for o in sorted(names) if o}
 
     # ------------------------------------------------------------ admit / release
@@ -111,7 +112,7 @@ class Admission:
         """Reserve room for `specs` (one owner's, one create or one batch) or raise 429/503."""
         if not specs:
             return
-        owner = specs[0].owner
+        owner = holder(specs[0].owner)
         lim = self.config.limits.of(owner)
         self._check_quota(owner, lim, specs, self.held(owner, records))
         if self.host_checks:
@@ -137,6 +138,18 @@ class Admission:
                 self._refuse(owner, err, "creates_per_second")
         for spec in specs:
             self._reserved[spec.id] = spec
+
+    def check_claim(self, spec: SandboxSpec) -> None:
+        """A warm-pool claim: its sandbox counts already, so only what the claim brings
+        (labels, env) is checked against the owner's limits."""
+        lim = self.config.limits.of(spec.owner)
+        for name, limit, asked in (
+            ("max_label_bytes", lim.max_label_bytes, _bytes(spec.labels)),
+            ("max_env_bytes", lim.max_env_bytes, _bytes(spec.env)),
+        ):
+            if limit is not None and asked > limit:
+                msg = f"over {name}={_num(limit)}: asked for {_num(asked)}"
+                self._refuse(spec.owner, QuotaExceeded(msg, details={"limit": name}), name)
 
     def release(self, sandbox_id: str) -> None:
         """The create is over (made, or failed and removed): its record counts from now."""

@@ -40,6 +40,7 @@ from orchard.env.models import (
 from orchard.env.server.admission import Admission
 from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.metrics import Metrics
+from orchard.env.server.pools import PoolManager, check_not_batch
 from orchard.env.server.state import expire_snapshots, paused_error, spec_from_snapshot
 from orchard.env.server.volumes import expire_volumes, resolve_mounts
 
@@ -110,12 +111,15 @@ class SandboxService:
         self.stopping = False  # asked to stop: no new creates, the running ones cancelled
         self._create_tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.pools = PoolManager(self)  # warm pools (server/pools.py)
 
     # ------------------------------------------------------------ lifecycle of the service
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.pools.load()
         await self.reconcile()
+        self.pools.start()
         self._loop_task = asyncio.create_task(self._reconcile_loop(), name="orchard-reconcile")
 
     def begin_shutdown(self) -> None:
@@ -130,10 +134,12 @@ class SandboxService:
     def _cancel_creates(self) -> None:
         self.stopping = True
         for task in list(self._create_tasks):
-            task.cancel()
+            if not task.cancelling():  # once: a second cancel would cut its clean-up short
+                task.cancel()
 
     async def stop(self, *, delete_created: bool = False) -> None:
         """Stop background work; sandboxes keep running unless `delete_created`."""
+        await self.pools.stop()
         self._cancel_creates()
         while self._create_tasks:  # their clean-up (bounded like every backend call)
             await asyncio.wait(set(self._create_tasks))
@@ -295,13 +301,19 @@ class SandboxService:
             raise
 
     async def create(self, owner: str, req: SandboxCreate) -> Sandbox:
+        if req.pool:
+            return await self.pools.claim(owner, req)
         if req.snapshot:
             spec = await spec_from_snapshot(self, owner, req)
         else:
             spec = self.build_spec(owner, req)
+        return await self.create_spec(spec, wait=req.wait)
+
+    async def create_spec(self, spec: SandboxSpec, *, wait: bool) -> Sandbox:
+        """Admit and make one sandbox of a spec built already (a create, a pool's refill)."""
         self.admission.admit([spec], self.records())
         try:
-            return await self._guarded(self._create_counted(spec, wait=req.wait))
+            return await self._guarded(self._create_counted(spec, wait=wait))
         finally:
             self.admission.release(spec.id)
 
@@ -370,6 +382,7 @@ class SandboxService:
 
     async def create_batch(self, owner: str, req: SandboxCreate) -> BatchCreateResult:
         """All or nothing: the first create that fails stops the batch and undoes the rest."""
+        check_not_batch(req)
         one = req.model_copy(update={"count": 1})
         if one.snapshot:  # copies of a snapshot (a fork): its settings, each a fresh id
             specs = [await spec_from_snapshot(self, owner, one) for _ in range(req.count)]
@@ -506,6 +519,23 @@ class SandboxService:
     def remember(self, rec: SandboxRecord) -> None:
         self._records[rec.id] = rec
 
+    # ------------------------------------------------------------ for warm pools (pools.py)
+
+    def record(self, sandbox_id: str) -> SandboxRecord | None:
+        return self._records.get(sandbox_id)
+
+    def is_pending(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._pending
+
+    def is_inflight(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._inflight
+
+    def connection(self, rec: SandboxRecord) -> AgentClient:
+        return self._conn(rec)
+
+    async def remove(self, sandbox_id: str) -> None:
+        await self._remove(sandbox_id)
+
     async def live_or_paused(self, owner: str, sandbox_id: str) -> SandboxRecord:
         """The caller's sandbox, fresh from the backend, unless it exited (410)."""
         try:
@@ -601,6 +631,10 @@ class SandboxService:
                 removed["orphan"].extend(await self.backend.remove_orphans(seen - dropped))
             except Exception:
                 log.exception("reconcile: orphan cleanup failed")
+        try:
+            removed["orphan"].extend(await self.pools.reconcile(records, listed_at))
+        except Exception:
+            log.exception("reconcile: pools failed")
         for what, expire in (("snapshots", expire_snapshots), ("volumes", expire_volumes)):
             try:
                 expired = await expire(self)
