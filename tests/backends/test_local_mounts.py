@@ -99,3 +99,44 @@ async def test_mount_failure_is_reported_and_leaves_nothing(
         await local.create(spec)
     assert Harness("local", tmp_state_dir, Path(local.agent_binary)).leftovers(spec.id) == []
     assert await local.list() == []
+
+
+@pytest.fixture
+async def local_nodisk(tmp_state_dir: Path, agent_binary: Path) -> AsyncIterator[LocalBackend]:
+    """No disk limit: runc itself mounts the overlay (mount_ns.oci_mount), no preexec_fn."""
+    b = LocalBackend(tmp_state_dir, agent_binary, extra_labels=TEST_LABELS)
+    async with owned(b):
+        yield b
+
+
+async def test_runc_made_overlay_stays_off_the_host(
+    local_nodisk: LocalBackend, tmp_state_dir: Path, busybox_image: str
+) -> None:
+    before = host_mounts()
+    specs = [make_spec(busybox_image) for _ in range(N // 2)]
+    recs = await asyncio.gather(*(local_nodisk.create(s) for s in specs))
+    after = host_mounts()
+    assert [line for line in after if str(tmp_state_dir) in line] == []
+    assert len(after) - len(before) < N // 4, "the host gained about a mount per sandbox"
+    async with await ready(recs[-1], specs[-1]) as agent:
+        res = await agent.exec("echo kept > /etc/x && cat /etc/x && grep ' / ' /proc/mounts")
+        assert res.exit_code == 0 and res.stdout.startswith("kept\noverlay / overlay ")
+    upper = tmp_state_dir / "sandboxes" / recs[-1].id / "scratch" / "upper"
+    assert (upper / "etc" / "x").read_text() == "kept\n"  # the upper is the host folder
+    harness = Harness("local", tmp_state_dir, Path(local_nodisk.agent_binary))
+    for rec in recs:
+        await local_nodisk.delete(rec.id)
+        assert harness.leftovers(rec.id) == [], rec.id
+
+
+async def test_runc_mount_failure_is_reported_and_leaves_nothing(
+    local_nodisk: LocalBackend, tmp_state_dir: Path, busybox_image: str
+) -> None:
+    image = await local_nodisk.images.resolve(busybox_image)
+    shutil.rmtree(image.rootfs)
+    spec = make_spec(busybox_image)
+    with pytest.raises(Unavailable, match="could not mount the rootfs of sandbox"):
+        await local_nodisk.create(spec)
+    harness = Harness("local", tmp_state_dir, Path(local_nodisk.agent_binary))
+    assert harness.leftovers(spec.id) == []
+    assert await local_nodisk.list() == []

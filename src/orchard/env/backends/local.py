@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -42,9 +43,11 @@ from orchard.env.backends.docker import AGENT_PIDS_RESERVE
 from orchard.env.backends.failures import hidden
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
 from orchard.env.backends.local_net import LOCAL_BRIDGE, LocalNetwork
-from orchard.env.backends.mount_ns import MOUNT_FAILED, RootfsMounts, umount
+from orchard.env.backends.mount_ns import MOUNT_FAILED, RUNC_MOUNT_FAILED, RootfsMounts, umount
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
+from orchard.env.backends.runc_exe import sealed_runc
+from orchard.env.backends.runc_state import release_stopped, remove_cgroups
 from orchard.env.backends.state_local import SCRATCH_MOUNT, LocalState
 from orchard.env.errors import Conflict, InvalidRequest, NotFound, SandboxExited, Unavailable
 from orchard.env.image_policy import ImagePolicy
@@ -165,7 +168,7 @@ class LocalBackend(LocalState, HostFolders):
         )
         try:
             proc = await asyncio.create_subprocess_exec(
-                self.runc,
+                sealed_runc(self.runc),
                 "--root",
                 str(self.runc_root),
                 *args,
@@ -304,7 +307,10 @@ class LocalBackend(LocalState, HostFolders):
             if meta["disk"]:  # the upper on its tmpfs, for snapshots and diffs (state_local)
                 binds.append((str(box / "scratch"), SCRATCH_MOUNT, True))
             mounts = self._rootfs_mounts(box, image, meta["disk"], layers)
-            config = runtime_spec(self._spec_input(spec, image, meta, box, binds))
+            inp = self._spec_input(spec, image, meta, box, binds)
+            if mounts.in_runc:
+                inp = dataclasses.replace(inp, rootfs_mount=mounts.oci_mount())
+            config = runtime_spec(inp)
             (box / "config.json").write_text(json.dumps(config))
             pid_file = box / "init.pid"
             rc, _ = await self._runc(
@@ -316,11 +322,12 @@ class LocalBackend(LocalState, HostFolders):
                 str(box),
                 spec.id,
                 log_path=box / "console.log",
-                preexec=mounts.preexec(),
+                preexec=None if mounts.in_runc else mounts.preexec(),
             )
             if rc != 0:
                 tail = (box / "console.log").read_text(errors="replace")[-2000:]
-                what = "mount the rootfs of" if rc == MOUNT_FAILED else "start"
+                mount_failed = rc == MOUNT_FAILED or RUNC_MOUNT_FAILED in tail.replace("\\", "")
+                what = "mount the rootfs of" if mount_failed else "start"
                 failure = f"runc could not {what} sandbox {spec.id}"
                 raise hidden(Unavailable, failure, tail, log)
             pid = int(pid_file.read_text())
@@ -497,19 +504,25 @@ class LocalBackend(LocalState, HostFolders):
 
     # ------------------------------------------------------------ delete
 
-    async def _kill(self, sandbox_id: str, meta: Mapping[str, Any]) -> None:
-        """SIGKILL the init (the kernel then ends its whole PID namespace) and wait for it."""
+    async def _kill(self, sandbox_id: str, meta: Mapping[str, Any]) -> bool:
+        """SIGKILL the init (the kernel then ends its whole PID namespace) and wait for it.
+
+        True when its end was seen here (our pidfd), so nothing of the sandbox runs."""
         pid = meta.get("pid")
+        known = self._watches.get(sandbox_id)
+        if known is not None and known.pid == pid and known.done.is_set():
+            return True
         if not pid or not self._alive(sandbox_id, meta):
-            return
+            return False
         watch = self._watch(sandbox_id, int(pid))
         if watch is None:
-            return
+            return False
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(watch.fd, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
                 await watch.done.wait()
+        return watch.done.is_set()
 
     async def delete(self, sandbox_id: str) -> None:
         try:
@@ -518,10 +531,13 @@ class LocalBackend(LocalState, HostFolders):
             return  # no sandbox can have such an id
         box = self._box(sandbox_id)
         meta = self._read_meta(sandbox_id)
+        dead = False
         if meta is not None:
             await self._thaw_for_delete(sandbox_id, meta)
-            await self._kill(sandbox_id, meta)
-        if (self.runc_root / sandbox_id).exists():
+            dead = await self._kill(sandbox_id, meta)
+        if (self.runc_root / sandbox_id).exists() and not (
+            dead and release_stopped(self.runc_root, CGROUP_PARENT, sandbox_id)
+        ):
             rc, out = await self._runc("delete", "--force", sandbox_id)
             if rc != 0 and "does not exist" not in out:
                 log.warning("runc delete %s: %s", sandbox_id, out)
@@ -546,13 +562,7 @@ class LocalBackend(LocalState, HostFolders):
     @staticmethod
     def _remove_cgroups(sandbox_id: str) -> None:
         """What runc did not remove (a create that died half-way); empty cgroups only."""
-        root = Path("/sys/fs/cgroup")
-        for path in [
-            root / CGROUP_PARENT / sandbox_id,
-            *root.glob(f"*/{CGROUP_PARENT}/{sandbox_id}"),
-        ]:
-            with contextlib.suppress(OSError):
-                path.rmdir()
+        remove_cgroups(CGROUP_PARENT, sandbox_id)
 
     async def _runtime_gone(self, sandbox_id: str) -> bool:
         return not self._visible(sandbox_id, self._read_meta(sandbox_id))
