@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchard.env.backends import agent_socket
+from orchard.env.backends import agent_socket, spawn
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.docker import AGENT_PIDS_RESERVE
 from orchard.env.backends.failures import hidden
@@ -163,34 +163,16 @@ class LocalBackend(LocalState, HostFolders):
         log_path: Path | None = None,
         preexec: Callable[[], None] | None = None,
     ) -> tuple[int, str]:
-        out_fd = (
-            os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else -1
+        """runc from its sealed copy (runc_exe), vforked (spawn): `run --detach` hands its
+        stdio to the sandbox, so that goes to a file, never our pipes."""
+        argv = [sealed_runc(self.runc), "--root", str(self.runc_root), *args]
+        return await spawn.run(
+            argv,
+            what=f"runc {args[0]}",
+            timeout_s=RUNC_TIMEOUT_S,
+            log_path=log_path,
+            preexec=preexec,
         )
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                sealed_runc(self.runc),
-                "--root",
-                str(self.runc_root),
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                # `run --detach` hands its stdio to the sandbox: a file, never our pipes.
-                stdout=out_fd if out_fd >= 0 else asyncio.subprocess.PIPE,
-                stderr=out_fd if out_fd >= 0 else asyncio.subprocess.STDOUT,
-                preexec_fn=preexec,
-            )
-        finally:
-            if out_fd >= 0:
-                os.close(out_fd)
-        try:
-            async with asyncio.timeout(RUNC_TIMEOUT_S):
-                out, _ = await proc.communicate()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise Unavailable(f"runc {args[0]} took over {RUNC_TIMEOUT_S:.0f} s") from None
-        text = (out or b"").decode(errors="replace").strip()
-        return proc.returncode or 0, text
 
     # ------------------------------------------------------------ init watching
 
