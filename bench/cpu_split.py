@@ -33,6 +33,14 @@ def proc_times(pid: int) -> dict[str, float]:
     return {"user": u, "sys": s, "cuser": cu, "csys": cs}
 
 
+def host_busy_s() -> float:
+    """CPU seconds the whole host has been busy (every process and kernel thread)."""
+    f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(x) for x in f]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return (sum(ticks[:8]) - idle) / TICK
+
+
 def _threads_s(pid: int) -> float:
     total = 0
     with contextlib.suppress(OSError):

@@ -201,9 +201,11 @@ def run_backend(
         load0 = os.getloadavg()[0]
         cpu0 = cpu_parts(svc.pid)
         times0 = cpu_split.proc_times(svc.pid)
+        busy0 = cpu_split.host_busy_s()
         with common.PeakMemory() as peak:
             res = runner.run(pipeline(client, image, n, conc, timeout_s))
         load1 = os.getloadavg()[0]
+        busy = cpu_split.host_busy_s() - busy0
         boxes = cpu_split.sandbox_cpu(state) if backend == "local" else None
         host = settle_mib(base)
         if backend == "local":
@@ -249,6 +251,9 @@ def run_backend(
         "cpu_ms_per_sandbox": 1000 * total_cpu / n,
         **{f"cpu_{k}_ms_per_sandbox": 1000 * v / n for k, v in cpu.items()},
         **{f"split_{k}_ms": v for k, v in parts.items()},
+        # The whole host over the burst (create + commands, not the deletes): ours, the
+        # kernel's threads (e.g. namespace teardown) and, on a shared host, others' work.
+        "host_busy_ms_per_sandbox": 1000 * busy / n,
         "load_start": load0,
         "load_end": load1,
         "failures": res["failures"][:20],
@@ -333,6 +338,7 @@ def main(cleanup: common.Cleanup) -> int:
         ("    of all these, kernel (system time)", "split_kernel_ms", "ms"),
         ("  of which this client", "cpu_client_ms_per_sandbox", "ms"),
         ("Docker engine CPU meanwhile, per sandbox", "cpu_engine_ms_per_sandbox", "ms"),
+        ("host CPU busy in the burst, all, per sandbox", "host_busy_ms_per_sandbox", "ms"),
         ("load average (1 min), start of the burst", "load_start", ""),
         ("load average (1 min), end of the burst", "load_end", ""),
     ):
