@@ -24,8 +24,13 @@ from orchard.env.errors import Unavailable
 
 async def _exited(pidfd: int) -> None:
     loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+    done: asyncio.Future[None] = loop.create_future()
+
+    def fired() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(pidfd, fired)
     try:
         await done
     finally:
