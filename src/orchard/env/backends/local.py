@@ -146,6 +146,7 @@ class LocalBackend(LocalState, HostFolders):
         )
         self._watches: dict[str, _Watch] = {}
         self._creating: set[str] = set()
+        self._deleting: set[str] = set()  # their exit codes need no record: the folder goes
         self._recovered = False
         self._recover_lock = asyncio.Lock()
         for sub in ("sandboxes", "runc"):
@@ -200,6 +201,8 @@ class LocalBackend(LocalState, HostFolders):
             watch.exit_code = None  # not our child (adopted after a restart): code unknown
         os.close(watch.fd)
         watch.done.set()
+        if sandbox_id in self._deleting:
+            return
         if watch.exit_code is not None and self._box(sandbox_id).is_dir():
             with contextlib.suppress(OSError):
                 self._update_meta(sandbox_id, exit_code=watch.exit_code)
@@ -516,7 +519,11 @@ class LocalBackend(LocalState, HostFolders):
         dead = False
         if meta is not None:
             await self._thaw_for_delete(sandbox_id, meta)
-            dead = await self._kill(sandbox_id, meta)
+            self._deleting.add(sandbox_id)
+            try:
+                dead = await self._kill(sandbox_id, meta)
+            finally:
+                self._deleting.discard(sandbox_id)
         if (self.runc_root / sandbox_id).exists() and not (
             dead and release_stopped(self.runc_root, CGROUP_PARENT, sandbox_id)
         ):
