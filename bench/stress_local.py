@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 import cpu_split
 import docker
+import local_leaks
 from stress import COMMANDS, settle_mib
 
 from orchard import AsyncOrchard
@@ -207,6 +208,7 @@ def run_backend(
         load1 = os.getloadavg()[0]
         busy = cpu_split.host_busy_s() - busy0
         boxes = cpu_split.sandbox_cpu(state) if backend == "local" else None
+        seen = local_leaks.snapshot(state) if backend == "local" else {}
         host = settle_mib(base)
         if backend == "local":
             _, cg = local_cgroup_mib(state)
@@ -218,6 +220,7 @@ def run_backend(
         runner.run(client.close())
         cpu = {k: v - cpu0[k] for k, v in cpu_parts(svc.pid).items()}
         times1 = cpu_split.proc_times(svc.pid)
+    left = local_leaks.leftovers(state, seen) if backend == "local" else {}
     parts = cpu_split.split(times0, times1, boxes, n) if boxes else {}
     svc.stop()
     c, e = common.summarize(res["create_s"]), common.summarize(res["exec_s"])
@@ -256,6 +259,7 @@ def run_backend(
         "host_busy_ms_per_sandbox": 1000 * busy / n,
         "load_start": load0,
         "load_end": load1,
+        "leftovers": left,
         "failures": res["failures"][:20],
     }
 
@@ -358,6 +362,8 @@ def main(cleanup: common.Cleanup) -> int:
     for r in results:
         for f in r["failures"]:
             print("FAIL", r["backend"], f)
+        if r.get("leftovers"):
+            print(f"{r['backend']} leftovers after the deletes:", r["leftovers"])
     local = next((r for r in results if r["backend"] == "local"), None)
     if local:
         print(
