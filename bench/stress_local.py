@@ -27,7 +27,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
+import cpu_split
 import docker
+import local_leaks
 from stress import COMMANDS, settle_mib
 
 from orchard import AsyncOrchard
@@ -197,9 +199,16 @@ def run_backend(
         time.sleep(1)
         svc_idle = common.rss_mib(svc.pid)
         base = common.host_used_mib()
+        load0 = os.getloadavg()[0]
         cpu0 = cpu_parts(svc.pid)
+        times0 = cpu_split.proc_times(svc.pid)
+        busy0 = cpu_split.host_busy_s()
         with common.PeakMemory() as peak:
             res = runner.run(pipeline(client, image, n, conc, timeout_s))
+        load1 = os.getloadavg()[0]
+        busy = cpu_split.host_busy_s() - busy0
+        boxes = cpu_split.sandbox_cpu(state) if backend == "local" else None
+        seen = local_leaks.snapshot(state) if backend == "local" else {}
         host = settle_mib(base)
         if backend == "local":
             _, cg = local_cgroup_mib(state)
@@ -210,6 +219,9 @@ def run_backend(
         del_t, del_wall = runner.run(delete_timed(res["boxes"], 32))
         runner.run(client.close())
         cpu = {k: v - cpu0[k] for k, v in cpu_parts(svc.pid).items()}
+        times1 = cpu_split.proc_times(svc.pid)
+    left = local_leaks.leftovers(state, seen) if backend == "local" else {}
+    parts = cpu_split.split(times0, times1, boxes, n) if boxes else {}
     svc.stop()
     c, e = common.summarize(res["create_s"]), common.summarize(res["exec_s"])
     d = common.summarize(del_t)
@@ -241,6 +253,13 @@ def run_backend(
         # the machine's own budget, whatever else shares it (n x this / cores = best e2e).
         "cpu_ms_per_sandbox": 1000 * total_cpu / n,
         **{f"cpu_{k}_ms_per_sandbox": 1000 * v / n for k, v in cpu.items()},
+        **{f"split_{k}_ms": v for k, v in parts.items()},
+        # The whole host over the burst (create + commands, not the deletes): ours, the
+        # kernel's threads (e.g. namespace teardown) and, on a shared host, others' work.
+        "host_busy_ms_per_sandbox": 1000 * busy / n,
+        "load_start": load0,
+        "load_end": load1,
+        "leftovers": left,
         "failures": res["failures"][:20],
     }
 
@@ -316,10 +335,18 @@ def main(cleanup: common.Cleanup) -> int:
         ("agent RSS", "agent_rss_mib", "MiB"),
         ("CPU per sandbox, create + 4 commands + delete", "cpu_ms_per_sandbox", "ms"),
         ("  of which the service and its children", "cpu_service_ms_per_sandbox", "ms"),
+        ("    service (Python)", "split_service_ms", "ms"),
+        ("    runtime (runc, ip)", "split_runtime_ms", "ms"),
+        ("    agent (incl. runc init's last stage)", "split_agent_ms", "ms"),
+        ("    rest of the sandbox: the 4 commands", "split_commands_ms", "ms"),
+        ("    of all these, kernel (system time)", "split_kernel_ms", "ms"),
         ("  of which this client", "cpu_client_ms_per_sandbox", "ms"),
         ("Docker engine CPU meanwhile, per sandbox", "cpu_engine_ms_per_sandbox", "ms"),
+        ("host CPU busy in the burst, all, per sandbox", "host_busy_ms_per_sandbox", "ms"),
+        ("load average (1 min), start of the burst", "load_start", ""),
+        ("load average (1 min), end of the burst", "load_end", ""),
     ):
-        vals = [100 * r[key] if unit == "%" else r[key] for r in results]
+        vals = [100 * r[key] if unit == "%" else r.get(key, "") for r in results]
         rows.append([f"{label} ({unit})" if unit else label, *vals])
     if fl:
         pad = [""] * (len(results) - 1)
@@ -335,6 +362,8 @@ def main(cleanup: common.Cleanup) -> int:
     for r in results:
         for f in r["failures"]:
             print("FAIL", r["backend"], f)
+        if r.get("leftovers"):
+            print(f"{r['backend']} leftovers after the deletes:", r["leftovers"])
     local = next((r for r in results if r["backend"] == "local"), None)
     if local:
         print(

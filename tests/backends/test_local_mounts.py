@@ -53,6 +53,23 @@ async def _mountinfo_lines(rec: SandboxRecord, spec: SandboxSpec) -> int:
         return int(res.stdout)
 
 
+async def _delete_leaving_nothing(b: LocalBackend, state: Path, recs: list[SandboxRecord]) -> None:
+    harness = Harness("local", state, Path(b.agent_binary))
+    for rec in recs:
+        await b.delete(rec.id)
+        assert harness.leftovers(rec.id) == [], rec.id
+
+
+async def _mount_failure_leaves_nothing(b: LocalBackend, state: Path, image_name: str) -> None:
+    image = await b.images.resolve(image_name)
+    shutil.rmtree(image.rootfs)  # the lower layer is gone: the overlay cannot mount
+    spec = make_spec(image_name)
+    with pytest.raises(Unavailable, match="could not mount the rootfs of sandbox"):
+        await b.create(spec)
+    assert Harness("local", state, Path(b.agent_binary)).leftovers(spec.id) == []
+    assert await b.list() == []
+
+
 async def test_host_mount_table_does_not_grow_per_sandbox(
     local: LocalBackend, tmp_state_dir: Path, busybox_image: str
 ) -> None:
@@ -82,20 +99,41 @@ async def test_host_mount_table_does_not_grow_per_sandbox(
         assert full.exit_code != 0 and "No space left" in full.stderr
     scratch = tmp_state_dir / "sandboxes" / last.id / "scratch"
     assert list(scratch.iterdir()) == []  # the tmpfs (and its upper) is not on the host
-
-    harness = Harness("local", tmp_state_dir, Path(local.agent_binary))
-    for rec in recs:
-        await local.delete(rec.id)
-        assert harness.leftovers(rec.id) == [], rec.id
+    await _delete_leaving_nothing(local, tmp_state_dir, recs)
 
 
 async def test_mount_failure_is_reported_and_leaves_nothing(
     local: LocalBackend, tmp_state_dir: Path, busybox_image: str
 ) -> None:
-    image = await local.images.resolve(busybox_image)
-    shutil.rmtree(image.rootfs)  # the lower layer is gone: the overlay cannot mount
-    spec = make_spec(busybox_image)
-    with pytest.raises(Unavailable, match="could not mount the rootfs of sandbox"):
-        await local.create(spec)
-    assert Harness("local", tmp_state_dir, Path(local.agent_binary)).leftovers(spec.id) == []
-    assert await local.list() == []
+    await _mount_failure_leaves_nothing(local, tmp_state_dir, busybox_image)
+
+
+@pytest.fixture
+async def local_nodisk(tmp_state_dir: Path, agent_binary: Path) -> AsyncIterator[LocalBackend]:
+    """No disk limit: runc itself mounts the overlay (mount_ns.oci_mount), no preexec_fn."""
+    b = LocalBackend(tmp_state_dir, agent_binary, extra_labels=TEST_LABELS)
+    async with owned(b):
+        yield b
+
+
+async def test_runc_made_overlay_stays_off_the_host(
+    local_nodisk: LocalBackend, tmp_state_dir: Path, busybox_image: str
+) -> None:
+    before = host_mounts()
+    specs = [make_spec(busybox_image) for _ in range(N // 2)]
+    recs = await asyncio.gather(*(local_nodisk.create(s) for s in specs))
+    after = host_mounts()
+    assert [line for line in after if str(tmp_state_dir) in line] == []
+    assert len(after) - len(before) < N // 4, "the host gained about a mount per sandbox"
+    async with await ready(recs[-1], specs[-1]) as agent:
+        res = await agent.exec("echo kept > /etc/x && cat /etc/x && grep ' / ' /proc/mounts")
+        assert res.exit_code == 0 and res.stdout.startswith("kept\noverlay / overlay ")
+    upper = tmp_state_dir / "sandboxes" / recs[-1].id / "scratch" / "upper"
+    assert (upper / "etc" / "x").read_text() == "kept\n"  # the upper is the host folder
+    await _delete_leaving_nothing(local_nodisk, tmp_state_dir, list(recs))
+
+
+async def test_runc_mount_failure_is_reported_and_leaves_nothing(
+    local_nodisk: LocalBackend, tmp_state_dir: Path, busybox_image: str
+) -> None:
+    await _mount_failure_leaves_nothing(local_nodisk, tmp_state_dir, busybox_image)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import shutil
@@ -35,17 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchard.env.backends import agent_socket
+from orchard.env.backends import agent_socket, spawn
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.criu import CONSOLE_LOG
 from orchard.env.backends.docker import AGENT_PIDS_RESERVE
 from orchard.env.backends.failures import hidden
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
 from orchard.env.backends.local_net import LOCAL_BRIDGE, LocalNetwork
-from orchard.env.backends.mount_ns import MOUNT_FAILED, RootfsMounts, umount
+from orchard.env.backends.mount_ns import MOUNT_FAILED, RUNC_MOUNT_FAILED, RootfsMounts, umount
 from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
 from orchard.env.backends.pool_claim import PoolClaims
+from orchard.env.backends.runc_exe import sealed_runc
+from orchard.env.backends.runc_state import release_stopped, remove_cgroups
 from orchard.env.backends.state_local import SCRATCH_MOUNT, LocalState
 from orchard.env.backends.volume_base import decode_mounts, encode_mounts
 from orchard.env.backends.volume_host import VolumeFolders
@@ -147,6 +150,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         self._watches: dict[str, _Watch] = {}
         self._restore_ms: dict[str, float] = {}
         self._creating: set[str] = set()
+        self._deleting: set[str] = set()  # their exit codes need no record: the folder goes
         self._recovered = False
         self._recover_lock = asyncio.Lock()
         for sub in ("sandboxes", "runc"):
@@ -164,34 +168,16 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         log_path: Path | None = None,
         preexec: Callable[[], None] | None = None,
     ) -> tuple[int, str]:
-        out_fd = (
-            os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else -1
+        """runc from its sealed copy (runc_exe), vforked (spawn): `run --detach` hands its
+        stdio to the sandbox, so that goes to a file, never our pipes."""
+        argv = [sealed_runc(self.runc), "--root", str(self.runc_root), *args]
+        return await spawn.run(
+            argv,
+            what=f"runc {args[0]}",
+            timeout_s=RUNC_TIMEOUT_S,
+            log_path=log_path,
+            preexec=preexec,
         )
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                self.runc,
-                "--root",
-                str(self.runc_root),
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                # `run --detach` hands its stdio to the sandbox: a file, never our pipes.
-                stdout=out_fd if out_fd >= 0 else asyncio.subprocess.PIPE,
-                stderr=out_fd if out_fd >= 0 else asyncio.subprocess.STDOUT,
-                preexec_fn=preexec,
-            )
-        finally:
-            if out_fd >= 0:
-                os.close(out_fd)
-        try:
-            async with asyncio.timeout(RUNC_TIMEOUT_S):
-                out, _ = await proc.communicate()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise Unavailable(f"runc {args[0]} took over {RUNC_TIMEOUT_S:.0f} s") from None
-        text = (out or b"").decode(errors="replace").strip()
-        return proc.returncode or 0, text
 
     # ------------------------------------------------------------ init watching
 
@@ -219,6 +205,8 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             watch.exit_code = None  # not our child (adopted after a restart): code unknown
         os.close(watch.fd)
         watch.done.set()
+        if sandbox_id in self._deleting:
+            return
         if watch.exit_code is not None and self._box(sandbox_id).is_dir():
             with contextlib.suppress(OSError):
                 self._update_meta(sandbox_id, exit_code=watch.exit_code)
@@ -309,13 +297,20 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             if meta["disk"]:  # the upper on its tmpfs, for snapshots and diffs (state_local)
                 binds.append((str(box / "scratch"), SCRATCH_MOUNT, True))
             mounts = self._rootfs_mounts(box, image, meta["disk"], layers)
-            config = runtime_spec(self._spec_input(spec, image, meta, box, binds))
+            inp = self._spec_input(spec, image, meta, box, binds)
+            # runc mounts the overlay itself (no preexec fork) unless a disk tmpfs or the
+            # restore of a memory snapshot (its mount namespace as CRIU dumped it) needs it first.
+            in_runc = mounts.in_runc and self._memory_image(spec) is None
+            if in_runc:
+                inp = dataclasses.replace(inp, rootfs_mount=mounts.oci_mount())
+            config = runtime_spec(inp)
             pid_file = box / "init.pid"
             # `runc run`, or the restore of a memory snapshot's processes (local_memory.py).
-            rc = await self._start(spec, box, config, mounts.preexec())
+            rc = await self._start(spec, box, config, None if in_runc else mounts.preexec())
             if rc != 0:
                 tail = (box / "console.log").read_text(errors="replace")[-2000:]
-                what = "mount the rootfs of" if rc == MOUNT_FAILED else "start"
+                mount_failed = rc == MOUNT_FAILED or RUNC_MOUNT_FAILED in tail.replace("\\", "")
+                what = "mount the rootfs of" if mount_failed else "start"
                 failure = f"runc could not {what} sandbox {spec.id}"
                 raise hidden(Unavailable, failure, tail, log)
             pid = int(pid_file.read_text())
@@ -495,19 +490,25 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
 
     # ------------------------------------------------------------ delete
 
-    async def _kill(self, sandbox_id: str, meta: Mapping[str, Any]) -> None:
-        """SIGKILL the init (the kernel then ends its whole PID namespace) and wait for it."""
+    async def _kill(self, sandbox_id: str, meta: Mapping[str, Any]) -> bool:
+        """SIGKILL the init (the kernel then ends its whole PID namespace) and wait for it.
+
+        True when its end was seen here (our pidfd), so nothing of the sandbox runs."""
         pid = meta.get("pid")
+        known = self._watches.get(sandbox_id)
+        if known is not None and known.pid == pid and known.done.is_set():
+            return True
         if not pid or not self._alive(sandbox_id, meta):
-            return
+            return False
         watch = self._watch(sandbox_id, int(pid))
         if watch is None:
-            return
+            return False
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(watch.fd, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
                 await watch.done.wait()
+        return watch.done.is_set()
 
     async def delete(self, sandbox_id: str) -> None:
         try:
@@ -516,10 +517,17 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             return  # no sandbox can have such an id
         box = self._box(sandbox_id)
         meta = self._read_meta(sandbox_id)
+        dead = False
         if meta is not None:
             await self._thaw_for_delete(sandbox_id, meta)
-            await self._kill(sandbox_id, meta)
-        if (self.runc_root / sandbox_id).exists():
+            self._deleting.add(sandbox_id)
+            try:
+                dead = await self._kill(sandbox_id, meta)
+            finally:
+                self._deleting.discard(sandbox_id)
+        if (self.runc_root / sandbox_id).exists() and not (
+            dead and release_stopped(self.runc_root, CGROUP_PARENT, sandbox_id)
+        ):
             rc, out = await self._runc("delete", "--force", sandbox_id)
             if rc != 0 and "does not exist" not in out:
                 log.warning("runc delete %s: %s", sandbox_id, out)
@@ -544,13 +552,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
     @staticmethod
     def _remove_cgroups(sandbox_id: str) -> None:
         """What runc did not remove (a create that died half-way); empty cgroups only."""
-        root = Path("/sys/fs/cgroup")
-        for path in [
-            root / CGROUP_PARENT / sandbox_id,
-            *root.glob(f"*/{CGROUP_PARENT}/{sandbox_id}"),
-        ]:
-            with contextlib.suppress(OSError):
-                path.rmdir()
+        remove_cgroups(CGROUP_PARENT, sandbox_id)
 
     async def _runtime_gone(self, sandbox_id: str) -> bool:
         return not self._visible(sandbox_id, self._read_meta(sandbox_id))

@@ -95,7 +95,7 @@ class LocalMemory(HostFolders):
         spec: SandboxSpec,
         box: Path,
         config: dict[str, Any],
-        preexec: Callable[[], None],
+        preexec: Callable[[], None] | None,
     ) -> int:
         """Write the bundle's config and start its init: `runc run`, or `runc restore` of
         a memory snapshot's processes. runc's exit status (a restore raises instead)."""

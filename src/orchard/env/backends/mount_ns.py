@@ -9,6 +9,13 @@ private (nothing propagates back to the host), and mounts there the sandbox's tm
 overlay. runc then builds the container from that small table and exits; the container's
 namespace alone holds the overlay, so the kernel unmounts it when the sandbox's last
 process ends. Nothing is left to unmount after a crash: only the folders on disk.
+
+Without a tmpfs (no disk limit) there is nothing to mount outside the rootfs, so runc
+itself mounts the overlay, as the first mount of the spec (destination `/`), in the
+namespace it makes for the container (`oci_mount`): the same table, the same single
+holder of the overlay, and no `preexec_fn`, which would force the service to fork its
+whole address space (page tables, then a copy-on-write fault for every page it writes
+afterwards) instead of vfork-ing runc.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
 # The exit status of a runc child whose mounts failed; its message is in the log file.
 MOUNT_FAILED = 125
+# What runc's log says when the overlay it was to mount (oci_mount) failed.
+RUNC_MOUNT_FAILED = 'mounting "overlay" to rootfs at "/"'
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -55,16 +64,32 @@ class RootfsMounts:
     # Snapshot layers (top first) between the upper and the image: backends/state_local.py.
     layers: tuple[Path, ...] = ()
 
-    def make(self) -> None:
-        """Mount the (optional) tmpfs under the writable layer, then the overlay."""
-        if self.tmpfs_bytes:
-            mount("tmpfs", self.scratch, "tmpfs", f"size={self.tmpfs_bytes},mode=0700")
+    @property
+    def in_runc(self) -> bool:
+        """Whether runc can make the mounts itself (`oci_mount`): no tmpfs outside the rootfs."""
+        return not self.tmpfs_bytes
+
+    def _overlay_data(self) -> str:
         upper, work = self.scratch / "upper", self.scratch / "work"
         upper.mkdir(exist_ok=True)
         work.mkdir(exist_ok=True)
         lower = ":".join(map(str, (*self.layers, self.lower)))
-        data = f"lowerdir={lower},upperdir={upper},workdir={work}"
-        mount("overlay", self.rootfs, "overlay", data)
+        return f"lowerdir={lower},upperdir={upper},workdir={work}"
+
+    def oci_mount(self) -> dict[str, object]:
+        """The overlay as the spec's first mount, for runc to make over the rootfs folder."""
+        return {
+            "destination": "/",
+            "type": "overlay",
+            "source": "overlay",
+            "options": self._overlay_data().split(","),
+        }
+
+    def make(self) -> None:
+        """Mount the (optional) tmpfs under the writable layer, then the overlay."""
+        if self.tmpfs_bytes:
+            mount("tmpfs", self.scratch, "tmpfs", f"size={self.tmpfs_bytes},mode=0700")
+        mount("overlay", self.rootfs, "overlay", self._overlay_data())
 
     def preexec(self) -> Callable[[], None]:
         """For Popen(preexec_fn=): a private namespace holding the mounts, in the child only.

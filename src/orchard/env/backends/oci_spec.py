@@ -92,6 +92,8 @@ class SpecInput:
     hostname: str
     cgroups_path: str
     binds: Sequence[tuple[str, str, bool]] = ()  # (host source, destination, read-only)
+    # A mount runc makes over the rootfs folder first (the overlay: mount_ns.oci_mount).
+    rootfs_mount: Mapping[str, Any] | None = None
     cpu: float | None = None
     memory_bytes: int | None = None
     pids_limit: int | None = None
@@ -136,7 +138,8 @@ def _seccomp() -> dict[str, Any]:
 
 def _mounts(inp: SpecInput) -> list[dict[str, Any]]:
     nosuid = ["nosuid", "noexec", "nodev"]
-    mounts: list[dict[str, Any]] = [
+    mounts: list[dict[str, Any]] = [dict(inp.rootfs_mount)] if inp.rootfs_mount else []
+    mounts += [
         {"destination": "/proc", "type": "proc", "source": "proc", "options": nosuid},
         {
             "destination": "/dev",
@@ -197,6 +200,9 @@ def runtime_spec(inp: SpecInput) -> dict[str, Any]:
         "linux": {
             "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
             "cgroupsPath": inp.cgroups_path,
+            # Nothing propagates into the sandbox's mounts from the host, nor back (runc's
+            # default, rslave, would let the host's later mounts under them in).
+            "rootfsPropagation": "rprivate",
             "resources": _resources(inp),
             "sysctl": dict(inp.sysctl),
             "maskedPaths": list(MASKED_PATHS),

@@ -203,12 +203,23 @@ def _meminfo(name: str) -> int | None:
     return None
 
 
+_PIDS_TTL_S = 1.0  # listing /proc costs O(processes): a thousand sandboxes make thousands
+_pids_seen: tuple[float, tuple[int, int] | None] = (-_PIDS_TTL_S, None)
+
+
 def _pids_used() -> tuple[int, int] | None:
+    """(processes, pid_max), read at most once a second: a burst of creates shares it."""
+    global _pids_seen
+    now = time.monotonic()
+    if now - _pids_seen[0] < _PIDS_TTL_S:
+        return _pids_seen[1]
     try:
         pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
         used = sum(1 for d in os.listdir("/proc") if d.isdigit())
     except (OSError, ValueError):
+        _pids_seen = (now, None)
         return None
+    _pids_seen = (now, (used, pid_max))
     return used, pid_max
 
 

@@ -1,0 +1,84 @@
+"""Start a short helper process (runc) from the event loop without forking the service.
+
+`asyncio.create_subprocess_exec` under uvloop (which `orchard serve` uses) spawns through
+libuv, and libuv forks: the kernel copies the service's page tables (hundreds of MiB
+with a thousand sandboxes) for every runc call, and the service then takes a
+copy-on-write fault on each page it writes. `subprocess.Popen` without `preexec_fn`
+vforks instead (the child borrows our memory until it execs). The end of the child is
+seen through a pidfd on the loop, so no thread waits for it, and its output goes to a
+file (the sandbox's log) or a memfd read once it has exited, so no pipe can fill up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from orchard.env.errors import Unavailable
+
+
+async def _exited(pidfd: int) -> None:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def fired() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(pidfd, fired)
+    try:
+        await done
+    finally:
+        loop.remove_reader(pidfd)
+
+
+async def run(
+    argv: Sequence[str],
+    *,
+    what: str,
+    timeout_s: float,
+    log_path: Path | None = None,
+    preexec: Callable[[], None] | None = None,
+) -> tuple[int, str]:
+    """Run `argv` to its end: (exit status, its output, or "" when it went to `log_path`).
+
+    `preexec` (a forked child's set-up) makes Popen fork rather than vfork: only for the
+    callers that need it."""
+    if log_path is not None:
+        out_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    else:
+        out_fd = os.memfd_create("runc-out", os.MFD_CLOEXEC)
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, preexec_fn=preexec
+        )
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await _exited(pidfd)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                proc.wait()
+                raise Unavailable(f"{what} took over {timeout_s:.0f} s") from None
+            except BaseException:  # cancelled: do not leave it running unreaped
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                proc.wait()
+                raise
+        finally:
+            os.close(pidfd)
+        rc = proc.wait()
+        text = ""
+        if log_path is None:
+            os.lseek(out_fd, 0, os.SEEK_SET)
+            text = os.read(out_fd, 1 << 16).decode(errors="replace").strip()
+        return rc, text
+    finally:
+        os.close(out_fd)
