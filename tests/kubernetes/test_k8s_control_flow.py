@@ -120,10 +120,10 @@ async def test_expiry_and_network_change_at_run_time(tmp_path: Path) -> None:
 async def test_cilium_is_detected_and_gets_fqdn_rules(tmp_path: Path) -> None:
     async with fake_cluster(tmp_path, kubelet=instant_kubelet, cilium=True) as (api, make):
         backend = make(cilium="auto")
-        policy = NetworkPolicy(egress="allow", allow=["pypi.org", "198.51.100.0/24"])
+        policy = NetworkPolicy(egress="allow", allow=["files.example.org", "198.51.100.0/24"])
         await backend.create(spec("sb-cil", network=policy))
         cnp = api.items("ciliumnetworkpolicies", NS)["orchard-sb-cil"]
-        assert {"toFQDNs": [{"matchName": "pypi.org"}]} in cnp["spec"]["egress"]
+        assert {"toFQDNs": [{"matchName": "files.example.org"}]} in cnp["spec"]["egress"]
         assert {"toCIDRSet": [{"cidr": "198.51.100.0/24"}]} in cnp["spec"]["egress"]
         assert "orchard-sb-cil" not in api.items("networkpolicies", NS)
         await backend.delete("sb-cil")

@@ -57,10 +57,10 @@ POLICIES = [
     (NetworkPolicy(egress="all"), ResolvedAllow((), False)),
     (NetworkPolicy(egress="allow", allow=["10.0.0.0/8"]), ResolvedAllow(("10.0.0.0/8",), False)),
     (
-        NetworkPolicy(egress="allow", allow=["pypi.org", "1.2.3.4"]),
+        NetworkPolicy(egress="allow", allow=["files.example.org", "1.2.3.4"]),
         ResolvedAllow(("1.2.3.4/32", "151.101.0.223/32"), True),
     ),
-    (NetworkPolicy(egress="allow", allow=["pypi.org"]), ResolvedAllow((), True)),
+    (NetworkPolicy(egress="allow", allow=["files.example.org"]), ResolvedAllow((), True)),
 ]
 
 
@@ -140,8 +140,8 @@ def test_network_policies_are_valid(
     assert cnp is not None and cnp["kind"] == "CiliumNetworkPolicy"
     # The CRD is not in the official schemas: check it is shaped the way Cilium's is.
     assert set(cnp["spec"]) == {"endpointSelector", "egress"}
-    if "pypi.org" in policy.allow:
-        assert {"toFQDNs": [{"matchName": "pypi.org"}]} in cnp["spec"]["egress"]
+    if "files.example.org" in policy.allow:
+        assert {"toFQDNs": [{"matchName": "files.example.org"}]} in cnp["spec"]["egress"]
         assert '"dns": [{"matchPattern": "*"}]' in json.dumps(cnp["spec"]["egress"])
 
 
