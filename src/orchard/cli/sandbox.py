@@ -40,7 +40,7 @@ sandbox_app = typer.Typer(
     epilog=examples(
         "orchard sandbox create busybox:latest",
         "orchard sandbox create debian:12 -e PYTHONUNBUFFERED=1 -l task=42 --cpu 2 --memory 4g",
-        "orchard sandbox create debian:12 --egress allow --allow 10.0.0.0/8 --allow files.example.org",
+        "orchard sandbox create debian:12 --egress allow --allow 10.0.0.0/8 --allow example.org",
         "orchard sandbox create debian:12 --count 100 --label run=a  # progress bar",
         "orchard sandbox create nginx:1 --cmd ''  # keep the image's own entrypoint",
         "orchard sandbox create debian:12 -v /data=outputs -v /cache=pip:ro",
