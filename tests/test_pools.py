@@ -28,26 +28,18 @@ from orchard.env.sdk import Orchard
 from orchard.env.server import EmbeddedService
 from orchard.env.server.pools import PoolManager
 from orchard.env.server.service import SandboxService
+from tests.tenants import clean, cli_runner, client, two_tenants
 
 KEY_A, KEY_B = "pools-key-a-0123456789", "pools-key-b-0123456789"
 Factory = Callable[..., EmbeddedService]
 
 
 def _config(state_dir: Path, backend: str, agent_binary: Path, **kw: object) -> ServiceConfig:
-    return ServiceConfig(
-        state_dir=state_dir,
-        api_keys={KEY_A: "alice", KEY_B: "bob"},
-        secret=b"pools-secret",
-        backend=backend,
-        agent_binary=str(agent_binary),
-        extra_labels={"orchard.test": "1"},
-        reconcile_interval_s=0.5,
-        **kw,  # type: ignore[arg-type]
-    )
+    return two_tenants(state_dir, backend, agent_binary, (KEY_A, KEY_B), b"pools-secret", **kw)
 
 
 def _client(svc: EmbeddedService, key: str = KEY_A) -> Orchard:
-    return Orchard(f"unix://{svc.socket_path}", key)
+    return client(svc, key)
 
 
 def _core(svc: EmbeddedService) -> SandboxService:
@@ -56,12 +48,7 @@ def _core(svc: EmbeddedService) -> SandboxService:
 
 
 def _clean(svc: EmbeddedService) -> None:
-    for key in (KEY_A, KEY_B):
-        with _client(svc, key) as c:
-            for pool in c.pools.list():
-                c.pools.delete(pool.name)
-            for sb in c.sandboxes.list():
-                sb.delete()
+    clean(svc, (KEY_A, KEY_B))
 
 
 @pytest.fixture(params=["docker", "local"])
@@ -301,14 +288,7 @@ def test_pooled_sandboxes_count_against_the_owners_quota(
 
 
 def test_cli_pool_create_ls_inspect_rm(service: EmbeddedService, busybox_image: str) -> None:
-    env = {**os.environ, "ORCHARD_URL": f"unix://{service.socket_path}", "ORCHARD_API_KEY": KEY_A}
-
-    def cli(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "orchard.cli", *args], env=env, capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+    cli = cli_runner(service, KEY_A)
 
     made = json.loads(cli("pool", "create", "p", busybox_image, "--size", "1", "--json"))
     assert made["name"] == "p" and made["size"] == 1

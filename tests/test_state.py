@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from orchard.env.config import ServiceConfig
 from orchard.env.errors import Conflict, NotFound, OrchardError
 from orchard.env.sdk import Orchard
 from orchard.env.server import EmbeddedService
+from tests.tenants import clean, cli_runner, client, two_tenants
 
 KEY_A, KEY_B = "state-key-a-0123456789", "state-key-b-0123456789"
 
@@ -25,30 +23,19 @@ KEY_A, KEY_B = "state-key-a-0123456789", "state-key-b-0123456789"
 def service(
     request: pytest.FixtureRequest, docker_ready: None, agent_binary: Path, tmp_state_dir: Path
 ) -> Iterator[EmbeddedService]:
-    cfg = ServiceConfig(
-        state_dir=tmp_state_dir,
-        api_keys={KEY_A: "alice", KEY_B: "bob"},
-        secret=b"state-secret",
-        backend=str(request.param),
-        agent_binary=str(agent_binary),
-        extra_labels={"orchard.test": "1"},
-        reconcile_interval_s=0.5,
+    cfg = two_tenants(
+        tmp_state_dir, str(request.param), agent_binary, (KEY_A, KEY_B), b"state-secret"
     )
     svc = EmbeddedService(cfg, keep_api_keys=True).start()
     try:
         yield svc
     finally:
-        for key in (KEY_A, KEY_B):
-            with _client(svc, key) as c:
-                for sb in c.sandboxes.list():
-                    sb.delete()
-                for snap in c.snapshots.list():
-                    c.snapshots.delete(snap.id)
+        clean(svc, (KEY_A, KEY_B))
         svc.stop()
 
 
 def _client(svc: EmbeddedService, key: str = KEY_A) -> Orchard:
-    return Orchard(f"unix://{svc.socket_path}", key)
+    return client(svc, key)
 
 
 def _snapshot_storage(state_dir: Path) -> list[str]:
@@ -214,14 +201,7 @@ def test_half_made_snapshot_left_by_a_crash_is_swept(
 
 
 def test_cli_pause_snapshot_fork_diff(service: EmbeddedService, busybox_image: str) -> None:
-    env = {**os.environ, "ORCHARD_URL": f"unix://{service.socket_path}", "ORCHARD_API_KEY": KEY_A}
-
-    def cli(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "orchard.cli", *args], env=env, capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+    cli = cli_runner(service, KEY_A)
 
     sid = cli("sandbox", "create", busybox_image).strip()
     assert json.loads(cli("sandbox", "pause", sid, "--json"))["status"] == "paused"

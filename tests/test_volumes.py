@@ -33,6 +33,7 @@ from orchard.env.sdk import AsyncOrchard, Orchard
 from orchard.env.server import EmbeddedService
 from orchard.env.server.volumes import resolve_mounts
 from tests.servers import wait_listening
+from tests.tenants import clean, client, two_tenants
 
 KEY_A, KEY_B = "volume-key-a-0123456789", "volume-key-b-0123456789"
 SMALL = 64 << 10  # bob's max_volume_bytes
@@ -42,33 +43,24 @@ SMALL = 64 << 10  # bob's max_volume_bytes
 def service(
     request: pytest.FixtureRequest, docker_ready: None, agent_binary: Path, tmp_state_dir: Path
 ) -> Iterator[EmbeddedService]:
-    cfg = ServiceConfig(
-        state_dir=tmp_state_dir,
-        api_keys={KEY_A: "alice", KEY_B: "bob"},
-        secret=b"volume-secret",
-        backend=str(request.param),
-        agent_binary=str(agent_binary),
-        extra_labels={"orchard.test": "1"},
-        reconcile_interval_s=0.5,
+    cfg = two_tenants(
+        tmp_state_dir,
+        str(request.param),
+        agent_binary,
+        (KEY_A, KEY_B),
+        b"volume-secret",
         limits=Limits(owners={"bob": OwnerLimits(max_volume_bytes=SMALL)}),
     )
     svc = EmbeddedService(cfg, keep_api_keys=True).start()
     try:
         yield svc
     finally:
-        for key in (KEY_A, KEY_B):
-            with _client(svc, key) as c:
-                for sb in c.sandboxes.list():
-                    sb.delete()
-                for snap in c.snapshots.list():
-                    c.snapshots.delete(snap.id)
-                for vol in c.volumes.list():
-                    c.volumes.delete(vol.name)
+        clean(svc, (KEY_A, KEY_B))
         svc.stop()
 
 
 def _client(svc: EmbeddedService, key: str = KEY_A) -> Orchard:
-    return Orchard(f"unix://{svc.socket_path}", key)
+    return client(svc, key)
 
 
 def _storage(state_dir: Path) -> list[str]:
