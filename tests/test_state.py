@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.errors import Conflict, NotFound, OrchardError
+from orchard.env.errors import Conflict, InvalidRequest, NotFound, OrchardError
 from orchard.env.sdk import Orchard
 from orchard.env.server import EmbeddedService
 from tests.tenants import clean, cli_runner, client, two_tenants
@@ -216,3 +216,15 @@ def test_cli_pause_snapshot_fork_diff(service: EmbeddedService, busybox_image: s
     listed = {s["id"] for s in json.loads(cli("snapshot", "ls", "--json"))}
     assert {snap, forked["snapshot"]["id"]} <= listed
     cli("snapshot", "rm", snap)
+
+
+def test_fork_refuses_env_and_labels_a_create_refuses(
+    service: EmbeddedService, busybox_image: str
+) -> None:
+    """Found by the fuzz run: the fork's copies are creates, so a key a create refuses is a
+    422 before any snapshot is taken, never a 500 halfway."""
+    with _client(service) as c, c.sandboxes.create(busybox_image) as sb:
+        for opts in ({"env": {"": "x"}}, {"env": {"A=B": "x"}}, {"labels": {"k": "a\x00b"}}):
+            with pytest.raises(InvalidRequest):
+                sb.fork(1, **opts)
+        assert c.snapshots.list() == []

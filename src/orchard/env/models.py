@@ -25,6 +25,16 @@ MAX_BATCH = 1000
 
 # Bounded in count and size (input_limits.py): 422 past them.
 Env = Annotated[dict[str, str], AfterValidator(check_env)]
+
+
+def check_keys(v: dict[str, str] | None) -> dict[str, str] | None:
+    """Env and label keys a container can carry: not empty, no `=`, no NUL (values too)."""
+    for k, val in (v or {}).items():
+        if not k or "\x00" in k or "\x00" in val or "=" in k:
+            raise ValueError(f"invalid key or value: {k[:40]!r}")
+    return v
+
+
 Labels = Annotated[dict[str, str], AfterValidator(check_labels)]
 
 
@@ -116,9 +126,7 @@ class SandboxCreate(WireModel):
     @field_validator("env", "labels")
     @classmethod
     def _no_nul(cls, v: dict[str, str]) -> dict[str, str]:
-        for k, val in v.items():
-            if not k or "\x00" in k or "\x00" in val or "=" in k:
-                raise ValueError(f"invalid key or value: {k[:40]!r}")
+        check_keys(v)
         return v
 
     @model_validator(mode="after")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from orchard.env.models import (
     MAX_TTL_S,
@@ -18,6 +18,7 @@ from orchard.env.models import (
     NetworkPolicy,
     Sandbox,
     WireModel,
+    check_keys,
 )
 from orchard.env.models import Env as Env
 
@@ -82,6 +83,12 @@ class ForkRequest(WireModel):
     labels: Labels | None = None
     network: NetworkPolicy | None = None
     wait: bool = True
+
+    @field_validator("env", "labels")
+    @classmethod
+    def _keys(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        """The keys a create accepts: the fork's creates are built from these."""
+        return check_keys(v)
 
 
 class ForkResult(WireModel):
