@@ -56,8 +56,7 @@ def _children() -> list[str]:
 
 def test_sealed_runc_is_a_sealed_executable_copy() -> None:
     runc = shutil.which("runc")
-    if runc is None:
-        pytest.skip("no runc")
+    assert runc is not None, "runc is missing: `make setup` installs it (with docker.io)"
     path = runc_exe.sealed_runc(runc)
     assert path.startswith(f"/proc/{os.getpid()}/fd/")
     fd = int(path.rsplit("/", 1)[1])

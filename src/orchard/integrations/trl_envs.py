@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -133,7 +134,7 @@ def last_answer(completion: Any) -> str:
     return ""
 
 
-class OrchardEnv:
+class OrchardEnv(ABC):
     """Base of the family environments: task lookup, the sandbox handle, cleanup."""
 
     family = ""
@@ -153,14 +154,17 @@ class OrchardEnv:
         self._task = self._settings.tasks[key]
         return self._start(self._task)
 
+    @abstractmethod
     def _start(self, task: Any) -> str:
-        raise NotImplementedError
+        """Each family's own."""
 
+    @abstractmethod
     def _grade(self, completion: Any) -> float:
-        raise NotImplementedError
+        """Each family's own."""
 
+    @abstractmethod
     def _close(self) -> None:
-        raise NotImplementedError
+        """Each family's own."""
 
     def _text(self, text: str) -> str:
         return truncate_output(text, self._settings.output_limit_chars)[0]
