@@ -17,22 +17,18 @@ from typing import Any
 
 from orchard.env.backends import criu
 from orchard.env.backends.base import SandboxSpec
-from orchard.env.backends.host_folders import SOCKET_NAME, HostFolders
-from orchard.env.backends.state_base import SnapshotRecord, SnapshotStore
+from orchard.env.backends.host_folders import SOCKET_NAME
+from orchard.env.backends.state_base import SnapshotCatalog, SnapshotRecord
 
 # The network namespace is not CRIU's to keep: a copy gets a new, empty one (its sockets
 # are restored into it), then its loopback up and, if networked, its own veth and address.
 NETNS = ("--empty-ns", "network")
 
 
-class LocalMemory(HostFolders):
+class LocalMemory(SnapshotCatalog):
     """The MemorySnapshotting capability of LocalBackend."""
 
     _restore_ms: dict[str, float]  # restores done, until their sandbox is adopted
-
-    @property
-    @abstractmethod
-    def snapshots(self) -> SnapshotStore: ...
 
     @abstractmethod
     async def _runc(

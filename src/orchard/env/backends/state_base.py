@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from orchard.env.backends.base import SandboxRecord
+from orchard.env.backends.host_folders import HostFolders
 from orchard.env.backends.meta_files import check_id, new_id, read_meta, write_meta
 from orchard.env.errors import InvalidRequest, SandboxExited
 
@@ -278,3 +279,17 @@ def tree_size(root: Path) -> int:
         if stat.S_ISREG(st.st_mode):
             total += st.st_blocks * 512
     return total
+
+
+class SnapshotCatalog(HostFolders):
+    """Mixin: the snapshots both filesystem backends keep under `<state>/snapshots/`."""
+
+    @property
+    def snapshots(self) -> SnapshotStore:
+        return SnapshotStore(self.state_dir / "snapshots")
+
+    async def list_snapshots(self) -> builtins.list[SnapshotRecord]:
+        return self.snapshots.all()
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        return self.snapshots.get(snapshot_id)

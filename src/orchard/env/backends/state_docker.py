@@ -26,11 +26,10 @@ from aiodocker.exceptions import DockerError
 
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.backends.docker_images import DockerImages, ImageInfo, engine
-from orchard.env.backends.host_folders import HostFolders
 from orchard.env.backends.state_base import (
     Changes,
+    SnapshotCatalog,
     SnapshotRecord,
-    SnapshotStore,
     mount_points,
     require_live,
     tidy,
@@ -42,7 +41,7 @@ SNAPSHOT_REPO = "orchard-snapshot"
 _KINDS = {0: "modified", 1: "added", 2: "deleted"}
 
 
-class DockerState(HostFolders):
+class DockerState(SnapshotCatalog):
     """Mixin of DockerBackend: the Pausable and Snapshotting capabilities."""
 
     images: DockerImages
@@ -53,10 +52,6 @@ class DockerState(HostFolders):
 
     @abstractmethod
     async def _require(self, sandbox_id: str) -> tuple[dict[str, Any], SandboxRecord]: ...
-
-    @property
-    def snapshots(self) -> SnapshotStore:
-        return SnapshotStore(self.state_dir / "snapshots")
 
     async def _running(self, sandbox_id: str) -> tuple[dict[str, Any], SandboxRecord]:
         data, rec = await self._require(sandbox_id)
@@ -131,12 +126,6 @@ class DockerState(HostFolders):
         record.complete = True
         self.snapshots.write(record)
         return record
-
-    async def list_snapshots(self) -> builtins.list[SnapshotRecord]:
-        return self.snapshots.all()
-
-    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
-        return self.snapshots.get(snapshot_id)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         self.snapshots.mark_deleted(snapshot_id)

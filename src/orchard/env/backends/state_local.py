@@ -32,7 +32,6 @@ from orchard.env.backends.oci_images import ImageStore, LocalImage
 from orchard.env.backends.state_base import (
     Changes,
     SnapshotRecord,
-    SnapshotStore,
     copy_tree,
     mount_points,
     require_live,
@@ -53,10 +52,6 @@ class LocalState(LocalMemory):
 
     @abstractmethod
     async def _require(self, sandbox_id: str) -> tuple[dict[str, Any], SandboxRecord]: ...
-
-    @property
-    def snapshots(self) -> SnapshotStore:
-        return SnapshotStore(self.state_dir / "snapshots")
 
     # ------------------------------------------------------------ pause / resume
 
@@ -174,12 +169,6 @@ class LocalState(LocalMemory):
         record.complete = True
         self.snapshots.write(record)
         return record
-
-    async def list_snapshots(self) -> builtins.list[SnapshotRecord]:
-        return self.snapshots.all()
-
-    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
-        return self.snapshots.get(snapshot_id)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         self.snapshots.mark_deleted(snapshot_id)
