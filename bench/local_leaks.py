@@ -47,5 +47,7 @@ def leftovers(state: Path, seen: dict[str, tuple[int, int]]) -> dict[str, int]:
         "mounts": mounts,
         "veths": sum(1 for sid in seen if Path(f"/sys/class/net/{veth_names(sid)[0]}").exists()),
         "processes": sum(1 for pid, t in seen.values() if pid and _alive(pid, t)),
-        "runc_states": sum(1 for sid in seen if (state / "runc" / sid).exists()),
+        "runtime_states": sum(
+            1 for sid in seen for rt in ("runc", "crun") if (state / rt / sid).exists()
+        ),
     }

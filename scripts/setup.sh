@@ -7,7 +7,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 need=()
-for pkg in golang-go docker.io mmdebstrap busybox-static make iptables git ca-certificates runc umoci skopeo; do
+for pkg in golang-go docker.io mmdebstrap busybox-static make iptables git ca-certificates runc crun umoci skopeo; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)

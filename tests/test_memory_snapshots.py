@@ -45,7 +45,10 @@ http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
 GET = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/').read().decode())"
 
 
-def _service(backend: str, agent_binary: Path, state_dir: Path) -> EmbeddedService:
+def _service(
+    backend: str, agent_binary: Path, state_dir: Path, runtime: str = "runc"
+) -> EmbeddedService:
+    """Local sandboxes start under runc here: CRIU dumps are `runc checkpoint`."""
     cfg = ServiceConfig(
         state_dir=state_dir,
         api_keys={KEY: "alice"},
@@ -53,6 +56,7 @@ def _service(backend: str, agent_binary: Path, state_dir: Path) -> EmbeddedServi
         backend=backend,
         agent_binary=str(agent_binary),
         extra_labels={"orchard.test": "1"},
+        local_runtime=runtime,
     )
     return EmbeddedService(cfg, keep_api_keys=True).start()
 
@@ -224,6 +228,34 @@ def test_no_criu_is_a_clear_501(
     finally:
         monkeypatch.undo()
         criu.unsupported.cache_clear()
+
+
+def test_crun_sandboxes_say_why_not(
+    docker_ready: None, agent_binary: Path, tmp_state_dir: Path, busybox_image: str
+) -> None:
+    """Under crun (the default where installed) a memory snapshot is a 501 that names the
+    fix, and files-only snapshots and forks still work."""
+    if shutil.which("crun") is None:
+        pytest.fail("crun is not installed: run `make setup`")
+    svc = _service("local", agent_binary, tmp_state_dir, runtime="crun")
+    try:
+        with (
+            Orchard(f"unix://{svc.socket_path}", KEY) as client,
+            client.sandboxes.create(busybox_image) as sb,
+        ):
+            for call in (lambda: sb.snapshot(memory=True), lambda: sb.fork(1, memory=True)):
+                with pytest.raises(MemoryNotSupported) as err:
+                    call()
+                assert err.value.status == 501
+                assert "ORCHARD_LOCAL_RUNTIME=runc" in str(err.value.details)
+            assert client.snapshots.list() == []
+            sb.exec("echo kept > /f")
+            with sb.fork(1) as forks:
+                assert forks[0].exec("cat /f").stdout == "kept\n"
+            for snap in client.snapshots.list():
+                client.snapshots.delete(snap.id)
+    finally:
+        svc.stop()
 
 
 def test_docker_backend_says_why_not(

@@ -20,7 +20,9 @@ from orchard.env.network import EgressFirewall
 from tests.docker_util import container_of
 
 TEST_LABELS = {"orchard.test": "1"}
-BACKENDS = ("docker", "local")
+# (backend, local OCI runtime): local runs under crun (the default) and under runc.
+BACKENDS = (("docker", "auto"), ("local", "crun"), ("local", "runc"))
+BACKEND_IDS = ("docker", "local", "local-runc")
 
 AnyBackend = DockerBackend | LocalBackend
 B = TypeVar("B", DockerBackend, LocalBackend)
@@ -44,6 +46,7 @@ class Harness:
     name: str
     state_dir: Path
     agent_binary: Path
+    runtime: str = "auto"  # the local backend's OCI runtime
 
     def make(self, **options: Any) -> AnyBackend:
         """A backend instance over the state folder (a second one = a service restart);
@@ -52,7 +55,13 @@ class Harness:
             return DockerBackend(
                 self.state_dir, self.agent_binary, extra_labels=TEST_LABELS, **options
             )
-        return LocalBackend(self.state_dir, self.agent_binary, extra_labels=TEST_LABELS, **options)
+        return LocalBackend(
+            self.state_dir,
+            self.agent_binary,
+            extra_labels=TEST_LABELS,
+            runtime=self.runtime,
+            **options,
+        )
 
     @staticmethod
     def firewall(backend: AnyBackend) -> EgressFirewall:
@@ -81,8 +90,9 @@ class Harness:
         mounts = Path("/proc/mounts").read_text()
         if f"/sandboxes/{sandbox_id}/" in mounts:
             found.append("mount")
-        if (self.state_dir / "runc" / sandbox_id).exists():
-            found.append("runc state")
+        for runtime in ("runc", "crun"):
+            if (self.state_dir / runtime / sandbox_id).exists():
+                found.append(f"{runtime} state")
         if (NETNS_DIR / netns_name(sandbox_id)).exists():
             found.append("netns")
         if Path(f"/sys/class/net/{veth_names(sandbox_id)[0]}").exists():

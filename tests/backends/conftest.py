@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 
-from tests.backends.backend_harness import BACKENDS, AnyBackend, Harness
+from tests.backends.backend_harness import BACKEND_IDS, BACKENDS, AnyBackend, Harness
 from tests.docker_util import DERIVED_CHANGES, commit_image
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=BACKENDS, ids=BACKEND_IDS)
 def harness(
     request: pytest.FixtureRequest, docker_ready: None, tmp_state_dir: Path, agent_binary: Path
 ) -> Harness:
-    return Harness(str(request.param), tmp_state_dir, agent_binary)
+    name, runtime = request.param
+    return Harness(name, tmp_state_dir, agent_binary, runtime)
 
 
 @pytest.fixture

@@ -257,6 +257,7 @@ def test_sdk_through_the_service(harness: Harness, busybox_image: str) -> None:
         backend=harness.name,
         agent_binary=str(harness.agent_binary),
         extra_labels={"orchard.test": "1"},
+        local_runtime=harness.runtime,
     )
     with (
         EmbeddedService(config, delete_on_close=True) as svc,

@@ -18,6 +18,7 @@ serve_app = typer.Typer()
         "orchard serve --uds /tmp/orchard.sock  # a Unix socket",
         "ORCHARD_API_KEYS=alice:s3cret orchard serve --host 0.0.0.0",
         "orchard serve --limits limits.yaml     # per-key quotas (docs/security.md)",
+        "orchard serve --backend local --local-runtime runc  # memory snapshots (CRIU)",
     )
 )
 def serve(
@@ -27,8 +28,17 @@ def serve(
     backend: Annotated[
         str | None,
         typer.Option(
-            help="Where sandboxes run: docker, local (runc), kubernetes, or auto (docker if an "
-            "engine answers, else local). Default: $ORCHARD_BACKEND, else auto.",
+            help="Where sandboxes run: docker, local (crun or runc), kubernetes, or auto (docker "
+            "if an engine answers, else local). Default: $ORCHARD_BACKEND, else auto.",
+            show_default=False,
+        ),
+    ] = None,
+    local_runtime: Annotated[
+        str | None,
+        typer.Option(
+            help="The OCI runtime of new local sandboxes: crun (fastest), runc (memory "
+            "snapshots need it) or auto (crun if installed, else runc). Default: "
+            "$ORCHARD_LOCAL_RUNTIME, else auto.",
             show_default=False,
         ),
     ] = None,
@@ -53,7 +63,7 @@ def serve(
         env = dict(os.environ)
         if limits:
             env["ORCHARD_LIMITS"] = limits
-        config = ServiceConfig.from_env(env, backend=backend)
+        config = ServiceConfig.from_env(env, backend=backend, local_runtime=local_runtime)
         run_service(config, host=host, port=port, uds=uds, log_level=log_level)
     except ConfigError as exc:
         fail("bad_request", str(exc))

@@ -23,6 +23,8 @@ from orchard.env.input_limits import MIN_CPU, MIN_DISK_BYTES, parse_size
 from orchard.env.limits import Limits
 
 DEFAULT_MAX_UPLOAD_BYTES = 1 << 30
+# The OCI runtimes of the local backend (backends/oci_runtime.py); auto: crun if installed.
+LOCAL_RUNTIMES = ("auto", "crun", "runc")
 
 
 class ConfigError(ValueError):
@@ -110,6 +112,8 @@ class ServiceConfig:
     egress_protect: tuple[str, ...] = ()
     # The disk limit of sandboxes that ask for none (None: unlimited); docs/backends.md.
     default_disk_bytes: int | None = None
+    # The OCI runtime of new local sandboxes: auto (crun if installed) | crun | runc.
+    local_runtime: str = "auto"
     # Per-owner quotas (limits.py; `orchard serve --limits FILE`, ORCHARD_LIMITS).
     limits: Limits = field(default_factory=Limits)
     # The cpu/memory of sandboxes that ask for none, so an unlimited one is the operator's
@@ -137,6 +141,9 @@ class ServiceConfig:
                 raise ConfigError(f"egress_protect: {e}") from None
         if self.default_disk_bytes is not None and self.default_disk_bytes < MIN_DISK_BYTES:
             raise ConfigError(f"default disk must be at least {MIN_DISK_BYTES >> 20} MiB")
+        if self.local_runtime not in LOCAL_RUNTIMES:
+            choices = ", ".join(LOCAL_RUNTIMES)
+            raise ConfigError(f"local runtime must be one of {choices}, not {self.local_runtime!r}")
         if self.default_cpu is not None and self.default_cpu < MIN_CPU:
             raise ConfigError(f"default cpu must be at least {MIN_CPU}")
         if self.default_memory_bytes is not None and self.default_memory_bytes < 4 << 20:
@@ -170,6 +177,8 @@ class ServiceConfig:
             kw["secret"] = env["ORCHARD_SECRET"].encode()
         if env.get("ORCHARD_BACKEND"):
             kw["backend"] = env["ORCHARD_BACKEND"]
+        if env.get("ORCHARD_LOCAL_RUNTIME"):
+            kw["local_runtime"] = env["ORCHARD_LOCAL_RUNTIME"].strip().lower()
         if env.get("ORCHARD_AGENT_BINARY"):
             kw["agent_binary"] = env["ORCHARD_AGENT_BINARY"]
         for var, name in (

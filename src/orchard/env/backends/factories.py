@@ -45,10 +45,15 @@ def docker(config: ServiceConfig) -> Backend:
 
 
 def local(config: ServiceConfig) -> Backend:
-    """runc driven directly (root, no daemon)."""
+    """crun or runc driven directly (root, no daemon)."""
     from orchard.env.backends.local import LocalBackend
 
-    return LocalBackend(config.state_dir, _agent_binary(config), **config.backend_options())
+    return LocalBackend(
+        config.state_dir,
+        _agent_binary(config),
+        runtime=config.local_runtime,
+        **config.backend_options(),
+    )
 
 
 def kubernetes(config: ServiceConfig) -> Backend:

@@ -17,6 +17,7 @@ from orchard.env.errors import OrchardError
 _INTERNAL = (
     "oci runtime",
     "runc",
+    "crun",
     "runtime create failed",
     "container_linux.go",
     "process_linux.go",

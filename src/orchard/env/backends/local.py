@@ -1,4 +1,4 @@
-"""Local backend: runc directly, no daemon in between, for density and create speed.
+"""Local backend: an OCI runtime directly, no daemon in between, for density and create speed.
 
 One sandbox = one OCI bundle in `<state_dir>/sandboxes/<id>/`:
 - `rootfs/`: an overlayfs of the image's unpacked rootfs from the shared cache
@@ -11,7 +11,8 @@ One sandbox = one OCI bundle in `<state_dir>/sandboxes/<id>/`:
 - `meta.json`: what Docker keeps in labels (owner, image, expiry, policy, limits, user
   labels), plus the init's pid and start time and, once known, its exit code.
 
-`runc run --detach` (Debian's runc, `--root <state_dir>/runc`) starts it; runc then exits,
+`crun run --detach` or `runc run --detach` (Debian's, `--root <state_dir>/<runtime>`;
+which one: `oci_runtime`) starts it; the runtime then exits,
 so this process makes itself a child subreaper to inherit each sandbox's init and learn
 its exit status (a pidfd per sandbox, no polling). After a crash of the service its
 sandboxes keep running; the next backend over the same state folder finds them all from
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchard.env.backends import agent_socket, spawn
+from orchard.env.backends import agent_socket, oci_runtime, spawn
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.criu import CONSOLE_LOG
 from orchard.env.backends.docker import AGENT_PIDS_RESERVE
@@ -45,9 +46,9 @@ from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
 from orchard.env.backends.local_net import LOCAL_BRIDGE, LocalNetwork
 from orchard.env.backends.mount_ns import MOUNT_FAILED, RUNC_MOUNT_FAILED, RootfsMounts, umount
 from orchard.env.backends.oci_images import ImageStore, LocalImage
+from orchard.env.backends.oci_runtime import OciRuntime
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
 from orchard.env.backends.pool_claim import PoolClaims
-from orchard.env.backends.runc_exe import sealed_runc
 from orchard.env.backends.runc_state import release_stopped, remove_cgroups
 from orchard.env.backends.state_local import SCRATCH_MOUNT, LocalState
 from orchard.env.backends.volume_base import decode_mounts, encode_mounts
@@ -99,7 +100,7 @@ class _Watch:
 
 
 class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
-    """The Backend protocol on runc; see the module docstring."""
+    """The Backend protocol on crun or runc; see the module docstring."""
 
     name = "local"
 
@@ -108,7 +109,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         state_dir: Path,
         agent_binary: Path,
         *,
-        runc: str = "runc",
+        runtime: str = "auto",
         subnet: str = LOCAL_SUBNET,
         bridge: str = LOCAL_BRIDGE,
         default_pids_limit: int = DEFAULT_PIDS_LIMIT,
@@ -126,11 +127,9 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         self.agent_binary = Path(agent_binary).resolve()
         if not self.agent_binary.is_file():
             raise ValueError(f"agent binary {self.agent_binary} does not exist (run `make agent`)")
-        runc_path = shutil.which(runc)
-        if runc_path is None:
-            raise Unavailable(f"the local backend needs `{runc}` (apt-get install runc)")
-        self.runc = runc_path
-        self.runc_root = self.state_dir / "runc"
+        # Every installed runtime: a sandbox keeps the one it started under (its meta).
+        self.runtimes = oci_runtime.installed(self.state_dir)
+        self.runtime = oci_runtime.choose(runtime, self.runtimes)
         self.default_pids_limit = default_pids_limit
         # The disk limit of sandboxes that ask for none (`upper_size_bytes`: its old name).
         self.default_disk_bytes = default_disk_bytes or upper_size_bytes
@@ -153,14 +152,33 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         self._deleting: set[str] = set()  # their exit codes need no record: the folder goes
         self._recovered = False
         self._recover_lock = asyncio.Lock()
-        for sub in ("sandboxes", "runc"):
-            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
-        # runc exits right after starting a sandbox; its init is then ours to reap.
+        (self.state_dir / "sandboxes").mkdir(parents=True, exist_ok=True)
+        for rt in self.runtimes.values():
+            rt.root.mkdir(parents=True, exist_ok=True)
+        # The runtime exits right after starting a sandbox; its init is then ours to reap.
         _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     # ------------------------------------------------------------ paths and meta
 
-    # ------------------------------------------------------------ runc
+    # ------------------------------------------------------------ the OCI runtime
+
+    async def _oci(
+        self,
+        runtime: OciRuntime,
+        *args: str,
+        log_path: Path | None = None,
+        preexec: Callable[[], None] | None = None,
+    ) -> tuple[int, str]:
+        """The runtime from its sealed copy (runc_exe), vforked (spawn) unless `preexec`:
+        `run --detach` hands its stdio to the sandbox, so that goes to a file, never our
+        pipes."""
+        return await spawn.run(
+            runtime.argv(*args),
+            what=f"{runtime.name} {args[0]}",
+            timeout_s=RUNC_TIMEOUT_S,
+            log_path=log_path,
+            preexec=preexec,
+        )
 
     async def _runc(
         self,
@@ -168,16 +186,21 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         log_path: Path | None = None,
         preexec: Callable[[], None] | None = None,
     ) -> tuple[int, str]:
-        """runc from its sealed copy (runc_exe), vforked (spawn): `run --detach` hands its
-        stdio to the sandbox, so that goes to a file, never our pipes."""
-        argv = [sealed_runc(self.runc), "--root", str(self.runc_root), *args]
-        return await spawn.run(
-            argv,
-            what=f"runc {args[0]}",
-            timeout_s=RUNC_TIMEOUT_S,
-            log_path=log_path,
-            preexec=preexec,
-        )
+        """runc itself: memory snapshots (CRIU) are `runc checkpoint|restore`."""
+        runc = self.runtimes.get("runc")
+        if runc is None:
+            raise Unavailable("memory snapshots need runc on PATH (apt-get install runc)")
+        return await self._oci(runc, *args, log_path=log_path, preexec=preexec)
+
+    def _runtime_of(self, sandbox_id: str, meta: Mapping[str, Any] | None = None) -> OciRuntime:
+        """The runtime a sandbox started under (sandboxes older than the field: runc)."""
+        if meta is None:
+            meta = self._read_meta(sandbox_id) or {}
+        name = str(meta.get("runtime") or "runc")
+        runtime = self.runtimes.get(name)
+        if runtime is None:
+            raise Unavailable(f"sandbox {sandbox_id} runs under {name}, which is not on PATH")
+        return runtime
 
     # ------------------------------------------------------------ init watching
 
@@ -298,20 +321,24 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
                 binds.append((str(box / "scratch"), SCRATCH_MOUNT, True))
             mounts = self._rootfs_mounts(box, image, meta["disk"], layers)
             inp = self._spec_input(spec, image, meta, box, binds)
+            runtime = self._runtime_of(spec.id, meta)
             # runc mounts the overlay itself (no preexec fork) unless a disk tmpfs or the
-            # restore of a memory snapshot (its mount namespace as CRIU dumped it) needs it first.
-            in_runc = mounts.in_runc and self._memory_image(spec) is None
+            # restore of a memory snapshot (its mount namespace as CRIU dumped it) needs it
+            # first; crun never does (oci_runtime.py).
+            in_runc = mounts.in_runc and runtime.mounts_rootfs and self._memory_image(spec) is None
             if in_runc:
                 inp = dataclasses.replace(inp, rootfs_mount=mounts.oci_mount())
             config = runtime_spec(inp)
             pid_file = box / "init.pid"
-            # `runc run`, or the restore of a memory snapshot's processes (local_memory.py).
-            rc = await self._start(spec, box, config, None if in_runc else mounts.preexec())
+            hide = oci_runtime.UNIFIED if runtime.hides_unified else None
+            preexec = None if in_runc else mounts.preexec(hide)
+            # `run`, or the restore of a memory snapshot's processes (local_memory.py).
+            rc = await self._start(spec, box, config, runtime, preexec)
             if rc != 0:
                 tail = (box / "console.log").read_text(errors="replace")[-2000:]
                 mount_failed = rc == MOUNT_FAILED or RUNC_MOUNT_FAILED in tail.replace("\\", "")
                 what = "mount the rootfs of" if mount_failed else "start"
-                failure = f"runc could not {what} sandbox {spec.id}"
+                failure = f"{runtime.name} could not {what} sandbox {spec.id}"
                 raise hidden(Unavailable, failure, tail, log)
             pid = int(pid_file.read_text())
             meta.update(pid=pid, pid_start=_start_time(pid))
@@ -349,6 +376,8 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             "extra_labels": self.extra_labels,
             "ip": ip,
             "volumes": encode_mounts(spec.volumes),
+            # A memory snapshot's processes are restored by runc (oci_runtime.py).
+            "runtime": "runc" if self._memory_image(spec) else self.runtime.name,
         }
 
     def _spec_input(
@@ -525,12 +554,13 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
                 dead = await self._kill(sandbox_id, meta)
             finally:
                 self._deleting.discard(sandbox_id)
-        if (self.runc_root / sandbox_id).exists() and not (
-            dead and release_stopped(self.runc_root, CGROUP_PARENT, sandbox_id)
+        runtime = self._runtime_of(sandbox_id, meta)
+        if (runtime.root / sandbox_id).exists() and not (
+            dead and release_stopped(runtime.root, CGROUP_PARENT, sandbox_id)
         ):
-            rc, out = await self._runc("delete", "--force", sandbox_id)
+            rc, out = await self._oci(runtime, "delete", "--force", sandbox_id)
             if rc != 0 and "does not exist" not in out:
-                log.warning("runc delete %s: %s", sandbox_id, out)
+                log.warning("%s delete %s: %s", runtime.name, sandbox_id, out)
         self._watches.pop(sandbox_id, None)
         networked = (
             meta is None

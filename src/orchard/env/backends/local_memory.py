@@ -18,6 +18,7 @@ from typing import Any
 from orchard.env.backends import criu
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.backends.host_folders import SOCKET_NAME
+from orchard.env.backends.oci_runtime import OciRuntime
 from orchard.env.backends.state_base import SnapshotCatalog, SnapshotRecord
 
 # The network namespace is not CRIU's to keep: a copy gets a new, empty one (its sockets
@@ -30,6 +31,8 @@ class LocalMemory(SnapshotCatalog):
 
     _restore_ms: dict[str, float]  # restores done, until their sandbox is adopted
 
+    runtime: OciRuntime  # what new sandboxes start under
+
     @abstractmethod
     async def _runc(
         self,
@@ -39,10 +42,36 @@ class LocalMemory(SnapshotCatalog):
     ) -> tuple[int, str]: ...
 
     @abstractmethod
+    async def _oci(
+        self,
+        runtime: OciRuntime,
+        *args: str,
+        log_path: Path | None = None,
+        preexec: Callable[[], None] | None = None,
+    ) -> tuple[int, str]: ...
+
+    @abstractmethod
+    def _runtime_of(self, sandbox_id: str, meta: Mapping[str, Any] | None = None) -> OciRuntime: ...
+
+    @abstractmethod
     async def _freeze(self, sandbox_id: str, paused: bool) -> None: ...
 
     async def memory_unsupported(self) -> str | None:
+        if not self.runtime.checkpoints:
+            return (
+                f"local sandboxes start under {self.runtime.name}, which has no CRIU here; "
+                "start the service with ORCHARD_LOCAL_RUNTIME=runc for memory snapshots"
+            )
         return await asyncio.to_thread(criu.unsupported)  # `criu check`, once per process
+
+    def _memory_source(self, sandbox_id: str, meta: Mapping[str, Any]) -> None:
+        """Refuse (501) a memory snapshot of a sandbox its runtime cannot dump."""
+        runtime = self._runtime_of(sandbox_id, meta)
+        if not runtime.checkpoints:
+            criu.require_support(
+                f"sandbox {sandbox_id} runs under {runtime.name}, which has no CRIU here "
+                "(only sandboxes started under runc can be dumped)"
+            )
 
     def _runc_with(self, options: tuple[str, ...]) -> criu.Runc:
         """`_runc` with these options after the verb (e.g. `--empty-ns network`)."""
@@ -91,17 +120,19 @@ class LocalMemory(SnapshotCatalog):
         spec: SandboxSpec,
         box: Path,
         config: dict[str, Any],
+        runtime: OciRuntime,
         preexec: Callable[[], None] | None,
     ) -> int:
-        """Write the bundle's config and start its init: `runc run`, or `runc restore` of
-        a memory snapshot's processes. runc's exit status (a restore raises instead)."""
+        """Write the bundle's config and start its init: `run` under `runtime`, or `runc
+        restore` of a memory snapshot's processes. The exit status (a restore raises)."""
         image = self._memory_image(spec)
         if image is not None:
             criu.restore_config(box, config)
         (box / "config.json").write_text(json.dumps(config))
         log_path, pid_file = box / "console.log", box / "init.pid"
         if image is None:
-            rc, _ = await self._runc(
+            rc, _ = await self._oci(
+                runtime,
                 "run",
                 "--detach",
                 "--pid-file",

@@ -91,11 +91,13 @@ class RootfsMounts:
             mount("tmpfs", self.scratch, "tmpfs", f"size={self.tmpfs_bytes},mode=0700")
         mount("overlay", self.rootfs, "overlay", self._overlay_data())
 
-    def preexec(self) -> Callable[[], None]:
+    def preexec(self, hide: Path | None = None) -> Callable[[], None]:
         """For Popen(preexec_fn=): a private namespace holding the mounts, in the child only.
 
-        A failure is written to the child's stderr (the runc log) and ends it with
-        MOUNT_FAILED, since Popen reports a raising preexec_fn without its message."""
+        `hide`: a mount to detach there first (crun's view of a hybrid cgroup host,
+        oci_runtime.py). A failure is written to the child's stderr (the runtime's log)
+        and ends it with MOUNT_FAILED, since Popen reports a raising preexec_fn without
+        its message."""
 
         def run_in_child() -> None:
             try:
@@ -103,6 +105,9 @@ class RootfsMounts:
                     err = ctypes.get_errno()
                     raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
                 mount("none", "/", "", "", _MS_REC | _MS_PRIVATE)
+                if hide is not None and _libc.umount2(str(hide).encode(), _MNT_DETACH):
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"umount {hide}: {os.strerror(err)}")
                 self.make()
             except OSError as exc:
                 os.write(2, f"orchard: rootfs: {exc}\n".encode())

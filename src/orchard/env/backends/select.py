@@ -43,8 +43,8 @@ def docker_answers(timeout_s: float = 2.0) -> bool:
 
 
 def local_possible() -> bool:
-    """The local backend can run here: root, and runc on PATH."""
-    return os.geteuid() == 0 and shutil.which("runc") is not None
+    """The local backend can run here: root, and an OCI runtime (crun or runc) on PATH."""
+    return os.geteuid() == 0 and any(shutil.which(rt) for rt in ("crun", "runc"))
 
 
 def auto_backend() -> str:

@@ -1,6 +1,6 @@
 """Sandbox state on the local backend: cgroup freezer pause, overlay-layer snapshots.
 
-- pause/resume: `runc pause|resume` (the cgroup freezer: CPU stops, memory is kept).
+- pause/resume: `crun|runc pause|resume` (the cgroup freezer: CPU stops, memory is kept).
 - snapshot: a copy of the sandbox's overlay upper dir (`cp -a --reflink=auto`: shared
   extents where the filesystem can) into `<state>/snapshots/<id>/layer`, taken while the
   sandbox is frozen so the copy is consistent. Never the image: a sandbox made from the
@@ -57,7 +57,7 @@ class LocalState(LocalMemory):
 
     async def _freeze(self, sandbox_id: str, paused: bool) -> None:
         verb = "pause" if paused else "resume"
-        rc, out = await self._runc(verb, sandbox_id)
+        rc, out = await self._oci(self._runtime_of(sandbox_id), verb, sandbox_id)
         if rc != 0:
             raise Unavailable(f"could not {verb} sandbox {sandbox_id}: {out[-300:]}")
 
@@ -129,6 +129,8 @@ class LocalState(LocalMemory):
         if record.memory:
             criu.require_support(await self.memory_unsupported())
         meta, rec = await self._running(sandbox_id)
+        if record.memory:
+            self._memory_source(sandbox_id, meta)
         env, cwd = self._process_config(sandbox_id)
         record.complete = False
         record.extra = {

@@ -1,0 +1,104 @@
+"""The OCI runtime a local sandbox runs under: crun where installed (fast), runc (complete).
+
+Both take the same bundle (`oci_spec.runtime_spec`) and the same verbs (`run --detach`,
+`pause`, `resume`, `delete --force`), so the backend drives either. They differ in cost
+and in three abilities, which this module names so the backend asks instead of guessing:
+
+- crun is C: a create costs about 4 ms of CPU here against runc's 11 (two Go processes,
+  `runc run` and `runc init`), and its init reaches the agent's exec in about a third of
+  runc's. Over a sandbox's whole life (create, four commands, delete) that is 14 of ~58
+  ms, what 1,000 sandboxes on two cores in 26 s needs (docs/benchmarks.md §3).
+- runc can mount the sandbox's overlay itself (the spec's first mount, destination `/`),
+  so a create needs no `preexec` fork of the service; crun cannot (it mounts relative to
+  the rootfs), so its overlay is mounted in the private namespace crun starts in
+  (`mount_ns.RootfsMounts.preexec`).
+- crun refuses a hybrid cgroup host whose v2 hierarchy holds a controller ("cgroups in
+  hybrid mode not supported"; here cgroup v2 holds `hugetlb`). In the private namespace
+  it starts in, the v2 mount is detached first, so crun sees the v1 hierarchies only,
+  which hold every controller the spec limits. Nothing changes on the host.
+- Memory snapshots (CRIU, backends/criu.py) are `runc checkpoint|restore`: Debian's crun
+  is built without CRIU. A sandbox keeps the runtime it started under (its meta), so a
+  restored sandbox is runc's even where new ones are crun's.
+
+`ORCHARD_LOCAL_RUNTIME` (`orchard serve --local-runtime`): `auto` (crun if installed,
+else runc), `crun` or `runc`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from orchard.env.backends.runc_exe import sealed_runc
+from orchard.env.config import LOCAL_RUNTIMES
+from orchard.env.errors import Unavailable
+
+RUNTIMES = ("runc", "crun")
+UNIFIED = Path("/sys/fs/cgroup/unified")
+
+
+def v2_holds_controllers(unified: Path = UNIFIED) -> bool:
+    """Whether this is a hybrid host whose cgroup v2 mount holds a controller."""
+    try:
+        return bool((unified / "cgroup.controllers").read_text().split())
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class OciRuntime:
+    """One runtime binary and its state folder (`--root`), kept apart per runtime."""
+
+    name: str
+    path: str
+    root: Path
+
+    @property
+    def mounts_rootfs(self) -> bool:
+        """Whether it mounts an overlay at `/` from the spec (`mount_ns.oci_mount`)."""
+        return self.name == "runc"
+
+    @property
+    def checkpoints(self) -> bool:
+        """Whether it can CRIU-dump and restore a sandbox (memory snapshots)."""
+        return self.name == "runc"
+
+    @cached_property
+    def hides_unified(self) -> bool:
+        """Whether its creates need the cgroup v2 mount detached in their namespace."""
+        return self.name == "crun" and v2_holds_controllers()
+
+    def argv(self, *args: str) -> list[str]:
+        """The command line: the binary from its sealed copy (runc_exe; crun checks the
+        same seals before re-cloning itself), its own state folder, then `args`."""
+        return [sealed_runc(self.path), "--root", str(self.root), *args]
+
+
+def installed(state_dir: Path) -> dict[str, OciRuntime]:
+    """The runtimes on PATH, each with its folder under the state dir (runc's: `runc/`)."""
+    found = {}
+    for name in RUNTIMES:
+        path = shutil.which(name)
+        if path is not None:
+            found[name] = OciRuntime(name, path, state_dir / name)
+    return found
+
+
+def choose(requested: str, available: dict[str, OciRuntime]) -> OciRuntime:
+    """The runtime new sandboxes start under; a clear error when it is not installed."""
+    if requested not in LOCAL_RUNTIMES:
+        choices = ", ".join(LOCAL_RUNTIMES)
+        raise ValueError(f"local runtime must be one of {choices}, not {requested!r}")
+    if requested == "auto":
+        for name in ("crun", "runc"):
+            if name in available:
+                return available[name]
+        raise Unavailable("the local backend needs runc or crun (apt-get install runc crun)")
+    if requested not in available:
+        raise Unavailable(
+            f"the local backend was asked for `{requested}`, which is not on PATH "
+            f"(apt-get install {requested})"
+        )
+    return available[requested]
