@@ -23,6 +23,15 @@ def snapshot(state: Path) -> dict[str, tuple[int, int]]:
     return seen
 
 
+def runtimes(state: Path) -> str:
+    """The OCI runtimes the living sandboxes run under (their meta), e.g. `crun`."""
+    names: set[str] = set()
+    for box in (state / "sandboxes").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            names.add(str(json.loads((box / "meta.json").read_text()).get("runtime", "runc")))
+    return "+".join(sorted(names))
+
+
 def _alive(pid: int, started: int) -> bool:
     """The same process (a pid can be reused once it is gone), not a zombie."""
     try:

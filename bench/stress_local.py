@@ -11,6 +11,7 @@ Memory per idle sandbox, all-in: what the host lost per sandbox once the burst s
 cgroup (agent and its page cache and kernel objects) plus the service's growth.
 
     .venv/bin/python bench/stress_local.py [--backend both|local|docker] [--n 1000]
+        [--local-runtime auto|crun|runc]
 """
 
 from __future__ import annotations
@@ -172,13 +173,20 @@ async def delete_timed(boxes: list[AsyncSandbox], conc: int) -> tuple[list[float
 
 
 def run_backend(
-    cleanup: common.Cleanup, backend: str, image: str, n: int, conc: int, timeout_s: float
+    cleanup: common.Cleanup,
+    backend: str,
+    image: str,
+    n: int,
+    conc: int,
+    timeout_s: float,
+    runtime: str = "auto",
 ) -> dict[str, Any]:
-    os.environ["ORCHARD_BACKEND"] = backend  # read by `orchard serve` (no --backend given)
+    # Read by `orchard serve` (no --backend given); the runtime only by the local backend.
+    os.environ.update(ORCHARD_BACKEND=backend, ORCHARD_LOCAL_RUNTIME=runtime)
     try:
         svc = common.ServiceProcess(cleanup)
     finally:
-        del os.environ["ORCHARD_BACKEND"]
+        del os.environ["ORCHARD_BACKEND"], os.environ["ORCHARD_LOCAL_RUNTIME"]
     state = svc.dir / "state"
     if backend == "local":
 
@@ -208,6 +216,7 @@ def run_backend(
         load1 = os.getloadavg()[0]
         busy = cpu_split.host_busy_s() - busy0
         boxes = cpu_split.sandbox_cpu(state) if backend == "local" else None
+        used = local_leaks.runtimes(state) if backend == "local" else ""
         seen = local_leaks.snapshot(state) if backend == "local" else {}
         host = settle_mib(base)
         if backend == "local":
@@ -230,6 +239,7 @@ def run_backend(
     total_cpu = sum(cpu.values()) - (0.0 if backend == "docker" else cpu["engine"])
     return {
         "backend": backend,
+        "runtime": used,
         "n": n,
         "ok": res["ok"],
         "success_rate": res["ok"] / n,
@@ -310,12 +320,22 @@ def main(cleanup: common.Cleanup) -> int:
     ap.add_argument("--concurrency", type=int, default=64, help="sandboxes in flight")
     ap.add_argument("--floor-n", type=int, default=100, help="plain containers for the floor")
     ap.add_argument("--timeout", type=float, default=600, help="bound on each run, s")
+    ap.add_argument(
+        "--local-runtime",
+        choices=("auto", "crun", "runc"),
+        default="auto",
+        help="the local backend's OCI runtime (default auto: crun if installed)",
+    )
     args = ap.parse_args()
     image = common.bench_image()
     backends = ["local", "docker"] if args.backend == "both" else [args.backend]
     results: list[dict[str, Any]] = []
     for b in backends:
-        results.append(run_backend(cleanup, b, image, args.n, args.concurrency, args.timeout))
+        results.append(
+            run_backend(
+                cleanup, b, image, args.n, args.concurrency, args.timeout, args.local_runtime
+            )
+        )
         # Kept as soon as one backend is done: a later one that fails must not lose it.
         partial = {"concurrency": args.concurrency, "image": image, "results": results}
         common.write_json("stress_local", partial)
@@ -336,8 +356,8 @@ def main(cleanup: common.Cleanup) -> int:
         ("CPU per sandbox, create + 4 commands + delete", "cpu_ms_per_sandbox", "ms"),
         ("  of which the service and its children", "cpu_service_ms_per_sandbox", "ms"),
         ("    service (Python)", "split_service_ms", "ms"),
-        ("    runtime (runc, ip)", "split_runtime_ms", "ms"),
-        ("    agent (incl. runc init's last stage)", "split_agent_ms", "ms"),
+        ("    runtime (crun or runc, ip)", "split_runtime_ms", "ms"),
+        ("    agent (incl. the runtime init's last stage)", "split_agent_ms", "ms"),
         ("    rest of the sandbox: the 4 commands", "split_commands_ms", "ms"),
         ("    of all these, kernel (system time)", "split_kernel_ms", "ms"),
         ("  of which this client", "cpu_client_ms_per_sandbox", "ms"),
@@ -355,7 +375,7 @@ def main(cleanup: common.Cleanup) -> int:
         )
         pad = [""] * (len(results) - 1)
         rows.append(["engine floor: docker rm -f p50 (ms)", fl["rm_p50_ms"], *pad])
-    headers = ["measure", *(r["backend"] for r in results)]
+    headers = ["measure", *(f"{r['backend']} {r['runtime']}".strip() for r in results)]
     md = common.table(
         f"stress: {args.n} sandboxes x {len(COMMANDS)} commands per backend", headers, rows
     )

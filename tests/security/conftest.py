@@ -151,17 +151,30 @@ def containers(state_dir: Path) -> list[dict[str, Any]]:
 
 
 def remove_containers(state_dir: Path) -> None:
+    """The engine's objects of this state dir: its containers, then its snapshot images
+    (a generated request may have snapshotted a sandbox and never deleted the snapshot)."""
     ids = [c["id"] for c in containers(state_dir)]
     if ids:
         subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+    images = subprocess.run(
+        ["docker", "images", "-q", "--filter", f"label=orchard.state_dir={state_dir}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    if images:
+        subprocess.run(["docker", "rmi", "-f", *set(images)], capture_output=True, check=False)
 
 
 def delete_all(svc: Service) -> None:
-    """Delete every sandbox of both tenants through the API (rules and folders go too)."""
+    """Delete every sandbox and snapshot of both tenants through the API (rules, folders
+    and snapshot images go too)."""
     for key in (KEY_ALICE, KEY_BOB):
         with svc.client(key) as c:
             for sb in c.get("/v1/sandboxes").json()["sandboxes"]:
                 c.delete(f"/v1/sandboxes/{sb['id']}")
+            for snap in c.get("/v1/snapshots").json()["snapshots"]:
+                c.delete(f"/v1/snapshots/{snap['id']}")
 
 
 def assert_no_leaks(svc: Service) -> None:
