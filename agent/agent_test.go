@@ -374,6 +374,8 @@ func TestStartupRefusals(t *testing.T) {
 		{"nothing to listen on", nil, []string{"ORCHARD_AGENT_TOKEN=x"}, "nothing to listen on"},
 		{"bad max output", []string{"--socket", sock, "--max-output", "lots"}, []string{"ORCHARD_AGENT_TOKEN=x"}, "max-output"},
 		{"unknown flag", []string{"--nope"}, []string{"ORCHARD_AGENT_TOKEN=x"}, "nope"},
+		{"bad cpus", []string{"--socket", sock, "--cpus", "0"}, []string{"ORCHARD_AGENT_TOKEN=x"}, "--cpus"},
+		{"cpus not a number", []string{"--socket", sock, "--cpus", "NaN"}, []string{"ORCHARD_AGENT_TOKEN=x"}, "--cpus"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -388,6 +390,23 @@ func TestStartupRefusals(t *testing.T) {
 				t.Fatalf("message %q lacks %q", out, c.msg)
 			}
 		})
+	}
+}
+
+func TestCPUsSetMaxProcs(t *testing.T) {
+	for _, c := range []struct {
+		cpus string
+		want int
+	}{{"0.5", 1}, {"1", 1}, {"1.2", 2}, {"3", 3}} {
+		cfg, err := loadConfig([]string{"--socket", "s", "--cpus", c.cpus}, func(k string) string {
+			if k == "ORCHARD_AGENT_TOKEN" {
+				return "x"
+			}
+			return ""
+		})
+		if err != nil || cfg.maxProcs != c.want {
+			t.Fatalf("--cpus %s: got %v, %v; want %d", c.cpus, cfg, err, c.want)
+		}
 	}
 }
 

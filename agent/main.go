@@ -45,6 +45,7 @@ type config struct {
 	maxOutput int
 	user      string
 	logFile   string
+	maxProcs  int // threads running Go code at once (GOMAXPROCS); 0: the runtime's default
 	entry     []string
 }
 
@@ -53,7 +54,7 @@ func loadConfig(args []string, getenv func(string) string) (*config, error) {
 	fs := flag.NewFlagSet("orchard-agent", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	cfg := &config{}
-	var tokenFile, maxOutput string
+	var tokenFile, maxOutput, cpus string
 	fs.StringVar(&cfg.listen, "listen", getenv("ORCHARD_AGENT_LISTEN"), "TCP address to listen on, e.g. :9090")
 	fs.StringVar(&cfg.socket, "socket", getenv("ORCHARD_AGENT_SOCKET"), "Unix socket path to listen on")
 	fs.StringVar(&tokenFile, "token-file", getenv("ORCHARD_AGENT_TOKEN_FILE"), "file holding the bearer token")
@@ -61,6 +62,7 @@ func loadConfig(args []string, getenv func(string) string) (*config, error) {
 	fs.StringVar(&cfg.user, "user", getenv("ORCHARD_AGENT_USER"), "default user (uid[:gid] or name) for commands and the entrypoint, e.g. the image's USER")
 	fs.StringVar(&cfg.logFile, "log", getenv("ORCHARD_AGENT_LOG"), "file (appended) that the agent's and the entrypoint's stdout and stderr go to once started")
 	fs.StringVar(&maxOutput, "max-output", getenv("ORCHARD_AGENT_MAX_OUTPUT"), "per-stream cap for blocking exec, bytes")
+	fs.StringVar(&cpus, "cpus", getenv("ORCHARD_AGENT_CPUS"), "the sandbox's CPU limit in cores (e.g. 0.5): Go code runs on that many threads, rounded up")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -78,6 +80,19 @@ func loadConfig(args []string, getenv func(string) string) (*config, error) {
 			return nil, fmt.Errorf("--max-output %q: want a byte count of at least 2", maxOutput)
 		}
 		cfg.maxOutput = n
+	}
+	if cpus != "" {
+		n, err := strconv.ParseFloat(cpus, 64)
+		if err != nil || !(n > 0) || n > 1<<16 {
+			return nil, fmt.Errorf("--cpus %q: want a positive number of cores", cpus)
+		}
+		// A sandbox limited to one core gains nothing from a second P: the runtime
+		// would only wake and park threads for it (cgroup v1 hosts; Go >= 1.25 does
+		// this itself for modules that ask for it).
+		cfg.maxProcs = int(n)
+		if float64(cfg.maxProcs) < n {
+			cfg.maxProcs++
+		}
 	}
 	cfg.token = getenv("ORCHARD_AGENT_TOKEN")
 	if tokenFile != "" {
@@ -227,6 +242,9 @@ func run(args []string) int {
 	if err != nil {
 		log.Print(err)
 		return 2
+	}
+	if cfg.maxProcs > 0 {
+		runtime.GOMAXPROCS(cfg.maxProcs)
 	}
 	for _, kv := range os.Environ() {
 		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "ORCHARD_AGENT_") {

@@ -312,6 +312,8 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
     def _config(self, spec: SandboxSpec, image: ImageInfo, labels: dict[str, str]) -> Any:
         child = image.entrypoint + image.cmd if spec.cmd == [] else list(spec.cmd or [])
         args = ["--socket", f"{RUN_DIR}/{SOCKET_NAME}"]
+        if spec.cpu:  # the Go runtime's threads for Go code (GOMAXPROCS), rounded up
+            args += ["--cpus", str(spec.cpu)]
         if labels["orchard.default_user"]:
             # The agent stays root (to switch users per request); the image's USER is the default.
             args += ["--user", labels["orchard.default_user"]]

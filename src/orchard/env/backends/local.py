@@ -389,6 +389,8 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         binds: list[tuple[str, str, bool]],
     ) -> SpecInput:
         args = [AGENT_PATH, "--socket", f"{RUN_DIR}/{SOCKET_NAME}", "--log", CONSOLE_LOG]
+        if meta["cpu"]:  # the Go runtime's threads for Go code (GOMAXPROCS), rounded up
+            args += ["--cpus", str(meta["cpu"])]
         if meta["default_user"]:
             # The agent stays root (to switch users per request); the image's USER is the default.
             args += ["--user", str(meta["default_user"])]
