@@ -50,6 +50,7 @@ from orchard.env.backends.oci_runtime import OciRuntime
 from orchard.env.backends.oci_spec import SpecInput, merge_env, runtime_spec
 from orchard.env.backends.pool_claim import PoolClaims
 from orchard.env.backends.runc_state import release_stopped, remove_cgroups
+from orchard.env.backends.spawner import Spawner
 from orchard.env.backends.state_local import SCRATCH_MOUNT, LocalState
 from orchard.env.backends.volume_base import decode_mounts, encode_mounts
 from orchard.env.backends.volume_host import VolumeFolders
@@ -147,6 +148,9 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             else {}
         )
         self._watches: dict[str, _Watch] = {}
+        # Forks the runtime's children that mount a rootfs first (spawner.py); started
+        # on first use.
+        self._spawner = Spawner()
         self._restore_ms: dict[str, float] = {}
         self._creating: set[str] = set()
         self._deleting: set[str] = set()  # their exit codes need no record: the folder goes
@@ -178,6 +182,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             timeout_s=RUNC_TIMEOUT_S,
             log_path=log_path,
             preexec=preexec,
+            spawner=self._spawner,
         )
 
     async def _runc(
@@ -596,3 +601,5 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
                 loop.remove_reader(watch.fd)
                 os.close(watch.fd)
         self._watches.clear()
+        self._spawner.detach()
+        await asyncio.to_thread(self._spawner.reap)

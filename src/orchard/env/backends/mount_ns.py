@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _CLONE_NEWNS = 0x00020000
 _MS_REC = 0x4000
@@ -91,26 +91,60 @@ class RootfsMounts:
             mount("tmpfs", self.scratch, "tmpfs", f"size={self.tmpfs_bytes},mode=0700")
         mount("overlay", self.rootfs, "overlay", self._overlay_data())
 
-    def preexec(self, hide: Path | None = None) -> Callable[[], None]:
-        """For Popen(preexec_fn=): a private namespace holding the mounts, in the child only.
+    def preexec(self, hide: Path | None = None) -> Prestart:
+        """What the runtime's child does before exec: a private namespace holding these
+        mounts (`hide`: a mount to detach there first, crun's view of a hybrid cgroup
+        host, oci_runtime.py)."""
+        return Prestart(self, hide)
 
-        `hide`: a mount to detach there first (crun's view of a hybrid cgroup host,
-        oci_runtime.py). A failure is written to the child's stderr (the runtime's log)
-        and ends it with MOUNT_FAILED, since Popen reports a raising preexec_fn without
-        its message."""
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "lower": str(self.lower),
+            "scratch": str(self.scratch),
+            "rootfs": str(self.rootfs),
+            "tmpfs_bytes": self.tmpfs_bytes,
+            "layers": [str(p) for p in self.layers],
+        }
 
-        def run_in_child() -> None:
-            try:
-                if _libc.unshare(_CLONE_NEWNS):
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
-                mount("none", "/", "", "", _MS_REC | _MS_PRIVATE)
-                if hide is not None and _libc.umount2(str(hide).encode(), _MNT_DETACH):
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"umount {hide}: {os.strerror(err)}")
-                self.make()
-            except OSError as exc:
-                os.write(2, f"orchard: rootfs: {exc}\n".encode())
-                os._exit(MOUNT_FAILED)
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RootfsMounts:
+        layers = tuple(Path(p) for p in d["layers"])
+        return cls(
+            Path(d["lower"]), Path(d["scratch"]), Path(d["rootfs"]), d["tmpfs_bytes"], layers
+        )
 
-        return run_in_child
+
+@dataclass(frozen=True)
+class Prestart:
+    """A child's set-up before it execs the runtime: unshare a mount namespace, make it
+    private (nothing propagates back to the host), detach `hide`, mount the rootfs.
+
+    Callable as Popen's `preexec_fn` (a fork of the caller), or sent to the spawner
+    (spawner.py), which runs it in a fork of its own small process instead. A failure
+    is written to the child's stderr (the runtime's log) and ends it with MOUNT_FAILED,
+    since Popen reports a raising preexec_fn without its message."""
+
+    mounts: RootfsMounts
+    hide: Path | None = None
+
+    def __call__(self) -> None:
+        try:
+            if _libc.unshare(_CLONE_NEWNS):
+                err = ctypes.get_errno()
+                raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
+            mount("none", "/", "", "", _MS_REC | _MS_PRIVATE)
+            if self.hide is not None and _libc.umount2(str(self.hide).encode(), _MNT_DETACH):
+                err = ctypes.get_errno()
+                raise OSError(err, f"umount {self.hide}: {os.strerror(err)}")
+            self.mounts.make()
+        except OSError as exc:
+            os.write(2, f"orchard: rootfs: {exc}\n".encode())
+            os._exit(MOUNT_FAILED)
+
+    def to_wire(self) -> dict[str, object]:
+        return {"mounts": self.mounts.to_wire(), "hide": str(self.hide) if self.hide else None}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Prestart:
+        hide = Path(d["hide"]) if d.get("hide") else None
+        return cls(RootfsMounts.from_wire(d["mounts"]), hide)

@@ -19,6 +19,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from orchard.env.backends.mount_ns import Prestart
+from orchard.env.backends.spawner import Spawner, SpawnerGone
 from orchard.env.errors import Unavailable
 
 
@@ -44,16 +46,21 @@ async def run(
     timeout_s: float,
     log_path: Path | None = None,
     preexec: Callable[[], None] | None = None,
+    spawner: Spawner | None = None,
 ) -> tuple[int, str]:
     """Run `argv` to its end: (exit status, its output, or "" when it went to `log_path`).
 
     `preexec` (a forked child's set-up) makes Popen fork rather than vfork: only for the
-    callers that need it."""
+    callers that need it. A rootfs set-up (mount_ns.Prestart) goes to `spawner` instead,
+    which forks its own small process for it (spawner.py)."""
     if log_path is not None:
         out_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     else:
         out_fd = os.memfd_create("runc-out", os.MFD_CLOEXEC)
     try:
+        if spawner is not None and isinstance(preexec, Prestart):
+            rc = await _through(spawner, argv, out_fd, preexec, what, timeout_s)
+            return rc, "" if log_path is not None else _read(out_fd)
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, preexec_fn=preexec
         )
@@ -75,10 +82,28 @@ async def run(
         finally:
             os.close(pidfd)
         rc = proc.wait()
-        text = ""
-        if log_path is None:
-            os.lseek(out_fd, 0, os.SEEK_SET)
-            text = os.read(out_fd, 1 << 16).decode(errors="replace").strip()
-        return rc, text
+        return rc, "" if log_path is not None else _read(out_fd)
     finally:
         os.close(out_fd)
+
+
+def _read(memfd: int) -> str:
+    os.lseek(memfd, 0, os.SEEK_SET)
+    return os.read(memfd, 1 << 16).decode(errors="replace").strip()
+
+
+async def _through(
+    spawner: Spawner,
+    argv: Sequence[str],
+    out_fd: int,
+    prestart: Prestart,
+    what: str,
+    timeout_s: float,
+) -> int:
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await spawner.run(argv, out_fd, prestart)
+    except TimeoutError:
+        raise Unavailable(f"{what} took over {timeout_s:.0f} s") from None
+    except (SpawnerGone, OSError) as exc:
+        raise Unavailable(f"{what} could not be started: {exc}") from None
