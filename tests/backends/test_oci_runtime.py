@@ -107,6 +107,27 @@ async def test_a_sandbox_keeps_its_runtime_across_a_restart(
             assert Harness("local", tmp_state_dir, agent_binary).leftovers(sid) == []
 
 
+def _zombies() -> list[str]:
+    """Our exited children nobody reaped (we are a child subreaper, as the service is)."""
+    found = []
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat[stat.rindex(")") + 2] == "Z":
+                found.append(f"{pid} {stat[: stat.rindex(')') + 1]}")
+    return found
+
+
+async def test_no_process_is_left_unreaped(local: LocalBackend, busybox_image: str) -> None:
+    """crun's intermediate process ends after crun and comes to us: it is reaped."""
+    specs = [make_spec(busybox_image) for _ in range(5)]
+    for spec in specs:
+        await local.create(spec)
+    for spec in specs:
+        await local.delete(spec.id)
+    assert _zombies() == []
+
+
 def test_choice_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="one of auto, crun, runc"):
         oci_runtime.choose("youki", {})

@@ -339,6 +339,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             preexec = None if in_runc else mounts.preexec(hide)
             # `run`, or the restore of a memory snapshot's processes (local_memory.py).
             rc = await self._start(spec, box, config, runtime, preexec)
+            spawn.reap_strays(runtime.names)  # crun's intermediate process (spawn.py)
             if rc != 0:
                 tail = (box / "console.log").read_text(errors="replace")[-2000:]
                 mount_failed = rc == MOUNT_FAILED or RUNC_MOUNT_FAILED in tail.replace("\\", "")
@@ -562,6 +563,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             finally:
                 self._deleting.discard(sandbox_id)
         runtime = self._runtime_of(sandbox_id, meta)
+        spawn.reap_strays(runtime.names)  # one that ended after the last create's sweep
         if (runtime.root / sandbox_id).exists() and not (
             dead and release_stopped(runtime.root, CGROUP_PARENT, sandbox_id)
         ):

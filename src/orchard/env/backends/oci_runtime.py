@@ -70,6 +70,12 @@ class OciRuntime:
         """Whether its creates need the cgroup v2 mount detached in their namespace."""
         return self.name == "crun" and v2_holds_controllers()
 
+    @property
+    def names(self) -> frozenset[str]:
+        """What its processes are called (/proc/<pid>/comm): its binary's name, or the
+        descriptor number of its sealed copy that it was executed from."""
+        return frozenset(Path(p).name[:15] for p in (self.path, sealed_runc(self.path)))
+
     def argv(self, *args: str) -> list[str]:
         """The command line: the binary from its sealed copy (runc_exe; crun checks the
         same seals before re-cloning itself), its own state folder, then `args`."""

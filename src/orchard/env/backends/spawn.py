@@ -23,6 +23,39 @@ from orchard.env.backends.mount_ns import Prestart
 from orchard.env.backends.spawner import Spawner, SpawnerGone
 from orchard.env.errors import Unavailable
 
+# Children that `run` is waiting for (its Popen reaps them): never a stray.
+_waiting: set[int] = set()
+
+
+def reap_strays(names: frozenset[str]) -> int:
+    """Reap exited children of ours that nobody waits for; how many.
+
+    `crun run --detach` forks an intermediate process that starts the container's init and
+    exits after crun itself, so the kernel re-parents it to us (a child subreaper) and it
+    stays a zombie, holding a pid and its CPU times, until reaped. Only zombies whose
+    name is one of `names` (the runtime's) and that `run` is not waiting for are reaped,
+    so no other waiter (Popen, the event loop's child watcher, a sandbox's pidfd) loses
+    an exit status. waitid(WNOWAIT) peeks at one zombie at a time; a zombie that is not
+    a stray ends the sweep (it is about to be reaped by its waiter; the next sweep goes
+    on)."""
+    reaped = 0
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if info is None or info.si_pid in _waiting:
+            return reaped
+        try:
+            name = Path(f"/proc/{info.si_pid}/comm").read_text().strip()
+        except OSError:
+            return reaped
+        if name not in names:
+            return reaped
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+            reaped += 1
+
 
 async def _exited(pidfd: int) -> None:
     loop = asyncio.get_running_loop()
@@ -64,24 +97,28 @@ async def run(
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, preexec_fn=preexec
         )
+        _waiting.add(proc.pid)
         pidfd = os.pidfd_open(proc.pid)
         try:
             try:
-                async with asyncio.timeout(timeout_s):
-                    await _exited(pidfd)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                proc.wait()
-                raise Unavailable(f"{what} took over {timeout_s:.0f} s") from None
-            except BaseException:  # cancelled: do not leave it running unreaped
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                proc.wait()
-                raise
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        await _exited(pidfd)
+                except TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    proc.wait()
+                    raise Unavailable(f"{what} took over {timeout_s:.0f} s") from None
+                except BaseException:  # cancelled: do not leave it running unreaped
+                    with contextlib.suppress(ProcessLookupError):
+                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    proc.wait()
+                    raise
+            finally:
+                os.close(pidfd)
+            rc = proc.wait()
         finally:
-            os.close(pidfd)
-        rc = proc.wait()
+            _waiting.discard(proc.pid)
         return rc, "" if log_path is not None else _read(out_fd)
     finally:
         os.close(out_fd)
