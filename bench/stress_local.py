@@ -65,7 +65,7 @@ def engine_cpu_s() -> float:
 def cpu_parts(svc_pid: int) -> dict[str, float]:
     """CPU seconds so far of the service's tree, the Docker engine and this client."""
     return {
-        "service": tree_cpu_s(svc_pid),
+        "service": sum(cpu_split.proc_times(svc_pid).values()),  # with its spawner's tree
         "engine": engine_cpu_s(),
         "client": sum(os.times()[:2]),
     }
