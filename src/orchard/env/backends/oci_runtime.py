@@ -4,10 +4,9 @@ Both take the same bundle (`oci_spec.runtime_spec`) and the same verbs (`run --d
 `pause`, `resume`, `delete --force`), so the backend drives either. They differ in cost
 and in three abilities, which this module names so the backend asks instead of guessing:
 
-- crun is C: a create costs about 4 ms of CPU here against runc's 11 (two Go processes,
-  `runc run` and `runc init`), and its init reaches the agent's exec in about a third of
-  runc's. Over a sandbox's whole life (create, four commands, delete) that is 14 of ~58
-  ms, what 1,000 sandboxes on two cores in 26 s needs (docs/benchmarks.md §3).
+- crun is C; runc is two Go processes per create (`runc run`, `runc init`), each with the
+  Go runtime's start-up. Over a 1,000 × 4 burst on this 2-core host the host's CPU per
+  sandbox went from 58.5 to 44.5 ms with crun (docs/benchmarks.md §3).
 - runc can mount the sandbox's overlay itself (the spec's first mount, destination `/`),
   so a create needs no `preexec` fork of the service; crun cannot (it mounts relative to
   the rootfs), so its overlay is mounted in the private namespace crun starts in
