@@ -65,6 +65,12 @@ async def test_the_mounts_are_the_childs_alone(spawner: Spawner, tmp_path: Path)
     assert not (rootfs / "from-lower").exists()
 
 
+async def test_the_child_gets_default_signals(spawner: Spawner, tmp_path: Path) -> None:
+    """No ignored signal of the spawner's (Python ignores SIGPIPE) reaches the runtime."""
+    rc, out = await _run(spawner, tmp_path, "grep SigIgn /proc/self/status", _prestart(tmp_path))
+    assert rc == 0 and int(out.split()[1], 16) == 0, out
+
+
 async def test_statuses_and_failures(spawner: Spawner, tmp_path: Path) -> None:
     prestart = _prestart(tmp_path)
     assert (await _run(spawner, tmp_path, "exit 3", prestart))[0] == 3

@@ -5,7 +5,7 @@ Both take the same bundle (`oci_spec.runtime_spec`) and the same verbs (`run --d
 and in three abilities, which this module names so the backend asks instead of guessing:
 
 - crun is C; runc is two Go processes per create (`runc run`, `runc init`), each with the
-  Go runtime's start-up. Over a 1,000 × 4 burst on this 2-core host the host's CPU per
+  Go runtime's start-up. Over a 1,000 x 4 burst on this 2-core host the host's CPU per
   sandbox went from 58.5 to 44.5 ms with crun (docs/benchmarks.md §3).
 - runc can mount the sandbox's overlay itself (the spec's first mount, destination `/`),
   so a create needs no `preexec` fork of the service; crun cannot (it mounts relative to

@@ -182,6 +182,10 @@ def _child(argv: list[str], out_fd: int, prestart: Prestart) -> None:
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
         os.closerange(3, 1 << 20)  # close_range(2): the socket and others' descriptors
+        # What Popen's restore_signals does: Python ignores SIGPIPE and SIGXFSZ, and an
+        # ignored signal stays ignored across exec (into crun and the sandbox's init).
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
         prestart()  # writes its failure to fd 2 and exits MOUNT_FAILED itself
         os.execv(argv[0], argv)
     except BaseException as exc:
