@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from orchard.env import images
+from tests.docker_util import remove_labelled
 
 # No test may reach for a hosted model or data set.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -53,17 +54,6 @@ def anyio_backend() -> str:
 # ---------------------------------------------------------------- docker
 
 
-def _remove_containers(label_filter: str) -> None:
-    ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={label_filter}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    if ids:
-        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
-
-
 def _other_session_running(own: Path) -> bool:
     """True if another pytest session holds its lock file; stale ones are removed."""
     running = False
@@ -90,9 +80,9 @@ def _cleanup_test_containers() -> Iterator[None]:
             yield
         finally:
             if shutil.which("docker"):
-                _remove_containers(f"orchard.test.session={TEST_SESSION}")
+                remove_labelled(f"orchard.test.session={TEST_SESSION}")
                 if not _other_session_running(own):
-                    _remove_containers(TEST_LABEL)
+                    remove_labelled(TEST_LABEL)
             own.unlink(missing_ok=True)
 
 

@@ -10,6 +10,20 @@ import subprocess
 from collections.abc import Sequence
 
 
+def remove_labelled(label_filter: str, *, images: bool = False) -> None:
+    """Force-remove the engine's containers (or images) whose labels match the filter."""
+    listing = ["docker", "images", "-q"] if images else ["docker", "ps", "-aq"]
+    ids = subprocess.run(
+        [*listing, "--filter", f"label={label_filter}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    if ids:
+        remove = ["docker", "rmi", "-f"] if images else ["docker", "rm", "-f"]
+        subprocess.run([*remove, *set(ids)], capture_output=True, check=False)
+
+
 def container_of(sandbox_id: str) -> str:
     """The id of the container of `sandbox_id`, or "" if there is none."""
     out = subprocess.run(

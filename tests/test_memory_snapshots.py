@@ -230,6 +230,16 @@ def test_no_criu_is_a_clear_501(
         criu.unsupported.cache_clear()
 
 
+def _memory_refused(client: Orchard, sb: Sandbox, why: str) -> None:
+    """A memory snapshot and a memory fork of `sb` are both a 501 whose details say `why`,
+    and no snapshot is left behind."""
+    for call in (lambda: sb.snapshot(memory=True), lambda: sb.fork(1, memory=True)):
+        with pytest.raises(MemoryNotSupported) as err:
+            call()
+        assert err.value.status == 501 and why in str(err.value.details)
+    assert client.snapshots.list() == []
+
+
 def test_crun_sandboxes_say_why_not(
     docker_ready: None, agent_binary: Path, tmp_state_dir: Path, busybox_image: str
 ) -> None:
@@ -243,12 +253,7 @@ def test_crun_sandboxes_say_why_not(
             Orchard(f"unix://{svc.socket_path}", KEY) as client,
             client.sandboxes.create(busybox_image) as sb,
         ):
-            for call in (lambda: sb.snapshot(memory=True), lambda: sb.fork(1, memory=True)):
-                with pytest.raises(MemoryNotSupported) as err:
-                    call()
-                assert err.value.status == 501
-                assert "ORCHARD_LOCAL_RUNTIME=runc" in str(err.value.details)
-            assert client.snapshots.list() == []
+            _memory_refused(client, sb, "ORCHARD_LOCAL_RUNTIME=runc")
             sb.exec("echo kept > /f")
             with sb.fork(1) as forks:
                 assert forks[0].exec("cat /f").stdout == "kept\n"
@@ -267,11 +272,7 @@ def test_docker_backend_says_why_not(
             Orchard(f"unix://{svc.socket_path}", KEY) as client,
             client.sandboxes.create(busybox_image) as sb,
         ):
-            for call in (lambda: sb.snapshot(memory=True), lambda: sb.fork(1, memory=True)):
-                with pytest.raises(MemoryNotSupported) as err:
-                    call()
-                assert "experimental" in str(err.value.details)
-            assert client.snapshots.list() == []
+            _memory_refused(client, sb, "experimental")
             assert not sb.snapshot().memory  # files-only snapshots still work
             for snap in client.snapshots.list():
                 client.snapshots.delete(snap.id)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from orchard.env.sdk import Orchard
-from tests.backends.backend_harness import Harness
+from tests.backends.backend_harness import Harness, zombie_children
 from tests.servers import wait_listening
 
 N = 20
@@ -61,18 +61,6 @@ def as_init() -> Iterator[None]:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     yield
-
-
-def _zombie_children() -> list[int]:
-    me = str(os.getpid())
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            text = stat.read_text()
-            fields = text[text.rindex(")") + 2 :].split()
-            if fields[0] == "Z" and fields[1] == me:
-                found.append(int(stat.parent.name))
-    return found
 
 
 def _rooted_in(state: Path) -> list[int]:
@@ -129,7 +117,7 @@ def test_kill_9_restart_adopt_delete_leaves_nothing(
             assert client.sandboxes.list(labels={"r": "1"}) == []
     finally:
         _stop(service)
-        for pid in _zombie_children():
+        for pid in zombie_children():
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
     mounts = Path("/proc/mounts").read_text()

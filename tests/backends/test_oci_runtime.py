@@ -20,7 +20,7 @@ from orchard.env.backends import oci_runtime
 from orchard.env.backends.local import CGROUP_PARENT, LocalBackend
 from orchard.env.config import ConfigError, ServiceConfig
 from orchard.env.errors import Unavailable
-from tests.backends.backend_harness import TEST_LABELS, Harness, owned
+from tests.backends.backend_harness import TEST_LABELS, Harness, owned, zombie_children
 from tests.backends.test_backend_contract import make_spec, ready
 
 pytestmark = pytest.mark.anyio
@@ -107,17 +107,6 @@ async def test_a_sandbox_keeps_its_runtime_across_a_restart(
             assert Harness("local", tmp_state_dir, agent_binary).leftovers(sid) == []
 
 
-def _zombies() -> list[str]:
-    """Our exited children nobody reaped (we are a child subreaper, as the service is)."""
-    found = []
-    for task in Path("/proc/self/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if stat[stat.rindex(")") + 2] == "Z":
-                found.append(f"{pid} {stat[: stat.rindex(')') + 1]}")
-    return found
-
-
 async def test_no_process_is_left_unreaped(local: LocalBackend, busybox_image: str) -> None:
     """crun's intermediate process ends after crun and comes to us: it is reaped."""
     specs = [make_spec(busybox_image) for _ in range(5)]
@@ -125,7 +114,7 @@ async def test_no_process_is_left_unreaped(local: LocalBackend, busybox_image: s
         await local.create(spec)
     for spec in specs:
         await local.delete(spec.id)
-    assert _zombies() == []
+    assert zombie_children() == []
 
 
 def test_choice_errors(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from tests.conftest import TEST_LABELS
+from tests.docker_util import remove_labelled
 
 KEY_ALICE = "sk-alice-7f3a9c1e5b2d4068"
 KEY_BOB = "sk-bob-2c8e6a4f0d1b3957"
@@ -156,14 +157,7 @@ def remove_containers(state_dir: Path) -> None:
     ids = [c["id"] for c in containers(state_dir)]
     if ids:
         subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
-    images = subprocess.run(
-        ["docker", "images", "-q", "--filter", f"label=orchard.state_dir={state_dir}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    if images:
-        subprocess.run(["docker", "rmi", "-f", *set(images)], capture_output=True, check=False)
+    remove_labelled(f"orchard.state_dir={state_dir}", images=True)
 
 
 def delete_all(svc: Service) -> None:

@@ -128,7 +128,7 @@ class Spawner:
         """Fork, set up and exec `argv` with stdout and stderr on `out_fd`; its exit status.
 
         Cancelled (the caller's timeout), the child is killed before this returns."""
-        self._start()
+        self._start()  # first: a (re)start fails whatever is waiting, so not this request
         self._next += 1
         rid = self._next
         fut = asyncio.get_running_loop().create_future()
