@@ -54,15 +54,8 @@ func loadConfig(args []string, getenv func(string) string) (*config, error) {
 	fs := flag.NewFlagSet("orchard-agent", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	cfg := &config{}
-	var tokenFile, maxOutput, cpus string
-	fs.StringVar(&cfg.listen, "listen", getenv("ORCHARD_AGENT_LISTEN"), "TCP address to listen on, e.g. :9090")
-	fs.StringVar(&cfg.socket, "socket", getenv("ORCHARD_AGENT_SOCKET"), "Unix socket path to listen on")
-	fs.StringVar(&tokenFile, "token-file", getenv("ORCHARD_AGENT_TOKEN_FILE"), "file holding the bearer token")
-	fs.StringVar(&cfg.spillDir, "spill-dir", getenv("ORCHARD_AGENT_SPILL_DIR"), "folder for full outputs of capped streams")
-	fs.StringVar(&cfg.user, "user", getenv("ORCHARD_AGENT_USER"), "default user (uid[:gid] or name) for commands and the entrypoint, e.g. the image's USER")
-	fs.StringVar(&cfg.logFile, "log", getenv("ORCHARD_AGENT_LOG"), "file (appended) that the agent's and the entrypoint's stdout and stderr go to once started")
-	fs.StringVar(&maxOutput, "max-output", getenv("ORCHARD_AGENT_MAX_OUTPUT"), "per-stream cap for blocking exec, bytes")
-	fs.StringVar(&cpus, "cpus", getenv("ORCHARD_AGENT_CPUS"), "the sandbox's CPU limit in cores (e.g. 0.5): Go code runs on that many threads, rounded up")
+	var raw rawFlags
+	defineFlags(fs, cfg, &raw, getenv)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -74,14 +67,14 @@ func loadConfig(args []string, getenv func(string) string) (*config, error) {
 		cfg.spillDir = proc.DefaultSpillDir
 	}
 	cfg.maxOutput = defaultMaxOutput
-	if maxOutput != "" {
+	if maxOutput := raw.maxOutput; maxOutput != "" {
 		n, err := strconv.Atoi(maxOutput)
 		if err != nil || n < 2 {
 			return nil, fmt.Errorf("--max-output %q: want a byte count of at least 2", maxOutput)
 		}
 		cfg.maxOutput = n
 	}
-	if cpus != "" {
+	if cpus := raw.cpus; cpus != "" {
 		n, err := strconv.ParseFloat(cpus, 64)
 		if err != nil || !(n > 0) || n > 1<<16 {
 			return nil, fmt.Errorf("--cpus %q: want a positive number of cores", cpus)
@@ -95,8 +88,8 @@ func loadConfig(args []string, getenv func(string) string) (*config, error) {
 		}
 	}
 	cfg.token = getenv("ORCHARD_AGENT_TOKEN")
-	if tokenFile != "" {
-		b, err := os.ReadFile(tokenFile)
+	if raw.tokenFile != "" {
+		b, err := os.ReadFile(raw.tokenFile)
 		if err != nil {
 			return nil, fmt.Errorf("token file: %w", err)
 		}
@@ -239,8 +232,12 @@ func run(args []string) int {
 	proc.CatchInheritedIgnores()
 	prespawnThreads(spareThreads)
 	cfg, err := loadConfig(args, os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		writeUsage(os.Stdout)
+		return 0
+	}
 	if err != nil {
-		log.Print(err)
+		log.Printf("%v (orchard-agent -h: usage)", err)
 		return 2
 	}
 	if cfg.maxProcs > 0 {
