@@ -6,19 +6,28 @@
 # on kernels >= 6.16 ("Can't get 1:16 opt": SO_PASSCRED), so when `criu check` fails this
 # builds CRIU $CRIU_VERSION from Debian's own source package (fetched with apt from the
 # archive this host's apt already uses, hash-checked against its signed index) into
-# /usr/local/sbin/criu.
+# $CRIU_PREFIX/sbin/criu (/usr/local/sbin/criu).
 # Never fatal: without a working CRIU, memory snapshots answer 501 memory_not_supported.
+# tests/test_criu_setup.py runs this script against fake apt-get/make on a temp PATH.
 set -uo pipefail
 
 CRIU_VERSION=${CRIU_VERSION:-4.2.1-1}
+CRIU_PREFIX=${CRIU_PREFIX:-/usr/local}
+APT_ETC=${APT_ETC:-/etc/apt}
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # major*100+minor of "Version: 4.2.1" / "6.18.44-..."
 num() { sed -n 's/^\([0-9]*\)\.\([0-9]*\).*/\1 \2/p' | { read -r a b; echo $((a * 100 + b)); }; }
+# Whether criu ($1, else the one PATH finds now) works here. `hash -r` first: bash
+# remembers where it last ran criu (Debian's, in /usr/sbin), so without it the check after
+# the build ran that old binary again and reported the freshly installed one as broken.
 works() {
-  command -v criu >/dev/null 2>&1 && criu check >/dev/null 2>&1 || return 1
-  local have; have=$(criu --version | sed -n 's/^Version: //p' | num)
+  hash -r
+  local bin=${1:-}
+  [ -n "$bin" ] || bin=$(command -v criu) || return 1
+  "$bin" check >/dev/null 2>&1 || return 1
+  local have; have=$("$bin" --version | sed -n 's/^Version: //p' | num)
   # Kernels >= 6.16 refuse SO_PASSCRED on TCP sockets: CRIU < 4.2 cannot dump those.
   [ "$(uname -r | num)" -lt 616 ] || [ "$have" -ge 402 ]
 }
@@ -40,9 +49,9 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/lists/partial"
 # The first Debian archive URI this host's apt is configured with (deb822 or one-line form).
 mirror=$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\/debian\)[[:space:]]*$/\1/p' \
-  /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)
+  "$APT_ETC"/sources.list.d/*.sources 2>/dev/null | head -1)
 [ -n "$mirror" ] || mirror=$(sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]*\/debian\)[[:space:]].*/\2/p' \
-  /etc/apt/sources.list 2>/dev/null | head -1)
+  "$APT_ETC"/sources.list 2>/dev/null | head -1)
 [ -n "$mirror" ] || { echo "criu.sh: no Debian archive in apt's sources"; exit 0; }
 echo "deb-src $mirror sid main" >"$work/sources.list"
 apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
@@ -54,10 +63,16 @@ orig=$(ls "$work"/criu_*.orig.tar.* 2>/dev/null | head -1)
 tar -xf "$orig" -C "$work"
 src=$(ls -d "$work"/criu-*/ | head -1)
 if make -C "$src" -j"$(nproc)" criu >"$work/build.log" 2>&1; then
-  $SUDO install -m 0755 "$src/criu/criu" /usr/local/sbin/criu
+  $SUDO install -D -m 0755 "$src/criu/criu" "$CRIU_PREFIX/sbin/criu"
 else
   tail -20 "$work/build.log"; echo "criu.sh: build failed"; exit 0
 fi
-works && echo "criu.sh: $(criu --version | head -1) installed in /usr/local/sbin" \
-  || echo "criu.sh: CRIU still fails \`criu check\` here; memory snapshots stay off"
+built="$CRIU_PREFIX/sbin/criu"
+if works; then
+  echo "criu.sh: $("$built" --version | head -1) installed in $CRIU_PREFIX/sbin"
+elif works "$built"; then
+  echo "criu.sh: $built works, but PATH finds $(command -v criu) first: put $CRIU_PREFIX/sbin earlier on PATH"
+else
+  echo "criu.sh: $(command -v criu || echo criu) still fails \`criu check\` here; memory snapshots stay off"
+fi
 exit 0
