@@ -619,7 +619,13 @@ func TestMoveAcross(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(src, "data"), binaryData(100000), 0o600))
 	must(t, os.Symlink("sub/exe", filepath.Join(src, "link")))
 	must(t, os.Chmod(filepath.Join(src, "sub"), 0o500))
-	if err := moveAcross(src, dst); err != nil {
+	sdir, sname, err := parentOf(src, false)
+	must(t, err)
+	defer sdir.close()
+	ddir, dname, err := parentOf(dst, false)
+	must(t, err)
+	defer ddir.close()
+	if err := moveAcross(sdir, sname, ddir, dname); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(src); !os.IsNotExist(err) {

@@ -2,8 +2,6 @@ package files
 
 import (
 	"errors"
-	"io"
-	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -92,12 +90,7 @@ func handleMkdir(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	parents := req.Parents == nil || *req.Parents
-	status, err := mkdir(p, mode, parents)
-	if err != nil {
-		api.WriteError(w, err)
-		return
-	}
-	st, err := lstat(p)
+	status, st, err := mkdir(p, mode, parents)
 	if err != nil {
 		api.WriteError(w, err)
 		return
@@ -106,35 +99,58 @@ func handleMkdir(w http.ResponseWriter, r *http.Request) {
 }
 
 // mkdir creates p (201) or, with parents, accepts an existing folder (200) like mkdir -p.
-func mkdir(p string, mode uint32, parents bool) (int, error) {
-	if fi, err := os.Stat(p); err == nil {
-		if !fi.IsDir() {
-			return 0, api.Conflict("%s exists and is not a directory", p)
+func mkdir(p string, mode uint32, parents bool) (int, Stat, error) {
+	parent, name, err := parentOf(p, parents)
+	if err != nil {
+		if !parents && errors.Is(err, syscall.ENOENT) {
+			return 0, Stat{}, api.NotFound("parent of %s does not exist (parents=false)", p)
 		}
-		if !parents {
-			return 0, api.Conflict("%s exists (parents=false)", p)
-		}
-		return http.StatusOK, nil
+		return 0, Stat{}, createError(err)
 	}
-	if parents {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return 0, createError(err)
+	defer parent.close()
+	exists := func() (int, Stat, error) {
+		t, err := (&walker{}).last(parent, name) // a link there is followed by the rule
+		if err != nil {
+			return 0, Stat{}, createError(err)
 		}
-	}
-	if err := os.Mkdir(p, goMode(mode)); err != nil {
-		if fi, serr := os.Stat(p); parents && serr == nil && fi.IsDir() {
-			return http.StatusOK, nil // created concurrently
+		t.dir.close()
+		switch {
+		case t.e == nil:
+			return 0, Stat{}, nil
+		case !t.e.isDir():
+			return 0, Stat{}, api.Conflict("%s exists and is not a directory", p)
+		case !parents:
+			return 0, Stat{}, api.Conflict("%s exists (parents=false)", p)
 		}
-		if os.IsNotExist(err) {
-			return 0, api.NotFound("parent of %s does not exist (parents=false)", p)
+		st, err := statAt(parent, name, p)
+		return http.StatusOK, st, err
+	}
+	if status, st, err := exists(); status != 0 || err != nil {
+		return status, st, err
+	}
+	if err := mkdirat(parent.fd, name, mode&0o777); err != nil {
+		if err == syscall.EEXIST {
+			if status, st, err := exists(); status != 0 || err != nil {
+				return status, st, err // created concurrently
+			}
 		}
-		return 0, createError(err)
+		if err == syscall.ENOENT {
+			return 0, Stat{}, api.NotFound("parent of %s does not exist (parents=false)", p)
+		}
+		return 0, Stat{}, createError(&os.PathError{Op: "mkdir", Path: p, Err: err})
 	}
-	// Mkdir's mode is filtered by the umask; the caller asked for this exact mode.
-	if err := os.Chmod(p, goMode(mode)); err != nil {
-		return 0, createError(err)
+	// mkdir's mode is filtered by the umask; the caller asked for this exact mode.
+	f, err := openDirAt(parent, name)
+	if err != nil {
+		return 0, Stat{}, createError(err)
 	}
-	return http.StatusCreated, nil
+	err = f.Chmod(goMode(mode))
+	f.Close()
+	if err != nil {
+		return 0, Stat{}, createError(err)
+	}
+	st, err := statAt(parent, name, p)
+	return http.StatusCreated, st, err
 }
 
 type RemoveRequest struct {
@@ -157,24 +173,38 @@ func handleRemove(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, api.BadRequest("refusing to remove /"))
 		return
 	}
-	fi, err := os.Lstat(p)
-	if err != nil {
-		api.WriteError(w, fsError(err))
-		return
-	}
-	if fi.IsDir() && req.Recursive {
-		err = os.RemoveAll(p)
-	} else {
-		err = os.Remove(p)
-	}
-	if err != nil {
-		if fi.IsDir() && (errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST)) {
-			err = api.Conflict("%s is a non-empty directory (pass recursive=true)", p)
-		}
-		api.WriteError(w, fsError(err))
+	if err := remove(p, req.Recursive); err != nil {
+		api.WriteError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// remove deletes p's last component itself: a symlink there is removed, not followed.
+func remove(p string, recursive bool) error {
+	parent, name, err := parentOf(p, false)
+	if err != nil {
+		return fsError(err)
+	}
+	defer parent.close()
+	e, err := lstatAt(parent, name)
+	if err != nil {
+		return fsError(err)
+	}
+	switch {
+	case e.isDir() && recursive:
+		err = removeAllAt(parent, name)
+	case e.isDir():
+		if err = unlinkat(parent.fd, name, atRemoveDir); err == syscall.ENOTEMPTY || err == syscall.EEXIST {
+			return api.Conflict("%s is a non-empty directory (pass recursive=true)", p)
+		}
+	default:
+		err = unlinkat(parent.fd, name, 0)
+	}
+	if errno, ok := err.(syscall.Errno); ok {
+		err = &os.PathError{Op: "remove", Path: p, Err: errno}
+	}
+	return fsError(err)
 }
 
 type MoveRequest struct {
@@ -199,11 +229,7 @@ func handleMove(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, err)
 		return
 	}
-	if err := move(src, dst, req.Overwrite); err != nil {
-		api.WriteError(w, err)
-		return
-	}
-	st, err := lstat(dst)
+	st, err := move(src, dst, req.Overwrite)
 	if err != nil {
 		api.WriteError(w, err)
 		return
@@ -211,139 +237,68 @@ func handleMove(w http.ResponseWriter, r *http.Request) {
 	api.WriteJSON(w, http.StatusOK, st)
 }
 
-func move(src, dst string, overwrite bool) error {
-	sfi, err := os.Lstat(src)
+// move renames src's last component itself (a symlink is moved, not followed) to dst,
+// replacing what is at dst (never writing through a link there).
+func move(src, dst string, overwrite bool) (Stat, error) {
+	sdir, sname, err := parentOf(src, false)
 	if err != nil {
-		return fsError(err)
+		return Stat{}, fsError(err)
+	}
+	defer sdir.close()
+	se, err := lstatAt(sdir, sname)
+	if err != nil {
+		return Stat{}, fsError(err)
 	}
 	if src == dst {
-		return nil
+		return statAt(sdir, sname, dst)
 	}
 	if src == "/" || strings.HasPrefix(dst, src+"/") {
-		return api.BadRequest("cannot move %s into itself (%s)", src, dst)
+		return Stat{}, api.BadRequest("cannot move %s into itself (%s)", src, dst)
 	}
-	if dfi, err := os.Lstat(dst); err == nil {
+	ddir, dname, err := parentOf(dst, true)
+	if err != nil {
+		return Stat{}, createError(err)
+	}
+	defer ddir.close()
+	if de, err := lstatAt(ddir, dname); err == nil {
 		if !overwrite {
-			return api.Conflict("%s exists (overwrite=false)", dst)
+			return Stat{}, api.Conflict("%s exists (overwrite=false)", dst)
 		}
-		if dfi.IsDir() != sfi.IsDir() {
-			return api.Conflict("cannot replace %s with %s: one is a directory, the other is not", dst, src)
+		if de.isDir() != se.isDir() {
+			return Stat{}, api.Conflict("cannot replace %s with %s: one is a directory, the other is not", dst, src)
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return createError(err)
+	err = renameat(sdir.fd, sname, ddir.fd, dname)
+	if err == syscall.EXDEV {
+		err = moveAcross(sdir, sname, ddir, dname)
 	}
-	err = os.Rename(src, dst)
-	if errors.Is(err, syscall.EXDEV) {
-		err = moveAcross(src, dst)
+	if errno, ok := err.(syscall.Errno); ok {
+		err = &os.PathError{Op: "rename", Path: src, Err: errno}
 	}
 	if err != nil {
-		return createError(err)
+		return Stat{}, createError(err)
 	}
-	return nil
+	return statAt(ddir, dname, dst)
 }
 
-// moveAcross moves src to dst on another file system: copy beside dst, rename over
-// dst (so dst is never half-written), then remove src.
-func moveAcross(src, dst string) error {
-	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".orchard-move-*")
+// moveAcross moves sname to dname on another file system: copy beside dname, rename
+// over it (so dst is never half-written), then remove the source.
+func moveAcross(sdir dirRef, sname string, ddir dirRef, dname string) error {
+	tmp, err := mkdirTemp(ddir, ".orchard-move-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
-	staged := filepath.Join(tmp, "x")
-	if err := copyTree(src, staged); err != nil {
-		return err
-	}
-	if err := os.Rename(staged, dst); err != nil {
-		return err
-	}
-	return os.RemoveAll(src)
-}
-
-// copyTree copies src to dst without following symlinks, keeping modes, owners and mtimes.
-func copyTree(src, dst string) error {
-	var dirs []string
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
-			return err
-		}
-		out := filepath.Join(dst, rel)
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch {
-		case fi.IsDir():
-			if err := os.Mkdir(out, 0o700); err != nil {
-				return err
-			}
-			dirs = append(dirs, rel)
-			return nil
-		case fi.Mode()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			if err := os.Symlink(target, out); err != nil {
-				return err
-			}
-		case fi.Mode().IsRegular():
-			if err := copyFile(p, out); err != nil {
-				return err
-			}
-		default:
-			return api.Conflict("cannot move special file %s across file systems", p)
-		}
-		return finish(out, fi)
-	})
+	defer func() { _ = removeAllAt(ddir, tmp) }() // empty once renamed
+	staged, err := (&walker{}).walk(ddir, tmp)
 	if err != nil {
 		return err
 	}
-	// Directories last and deepest first: a read-only mode must not block their contents.
-	for i := len(dirs) - 1; i >= 0; i-- {
-		fi, err := os.Lstat(filepath.Join(src, dirs[i]))
-		if err != nil {
-			return err
-		}
-		if err := finish(filepath.Join(dst, dirs[i]), fi); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
+	defer staged.close()
+	if err := copyTreeAt(sdir, sname, staged, "x"); err != nil {
 		return err
 	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
+	if err := renameat(staged.fd, "x", ddir.fd, dname); err != nil {
+		return &os.PathError{Op: "rename", Path: ddir.join(dname), Err: err}
 	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
-
-// finish gives a copied entry the owner, mode and mtime of the original.
-func finish(p string, fi fs.FileInfo) error {
-	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
-		_ = os.Lchown(p, int(sys.Uid), int(sys.Gid)) // best effort when not root
-	}
-	if fi.Mode()&fs.ModeSymlink != 0 {
-		return nil // symlinks have no mode of their own; Chtimes would follow them
-	}
-	if err := os.Chmod(p, fi.Mode()&(fs.ModePerm|fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky)); err != nil {
-		return err
-	}
-	return os.Chtimes(p, fi.ModTime(), fi.ModTime())
+	return removeAllAt(sdir, sname)
 }

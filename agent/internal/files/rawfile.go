@@ -8,24 +8,19 @@ import (
 
 // rawFile is a file written with plain system calls. Tar uploads create thousands of
 // small files: os.File would add an epoll registration per open, a 32 KiB buffer per
-// copy (io.Copy through its ReadFrom) and a path lookup per utimes.
+// copy (io.Copy through its ReadFrom) and a path lookup per utimes (futimens instead).
 type rawFile struct {
 	fd   int
 	path string
 }
 
-// createExcl creates path (O_EXCL: never through a symlink already there).
-func createExcl(path string, perm uint32) (*rawFile, error) {
-	for {
-		fd, err := syscall.Open(path, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, perm)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &os.PathError{Op: "open", Path: path, Err: err}
-		}
-		return &rawFile{fd: fd, path: path}, nil
+// createExclAt creates name in dir (O_EXCL|O_NOFOLLOW: never through a symlink there).
+func createExclAt(dir dirRef, name string, perm uint32) (*rawFile, error) {
+	fd, err := openat(dir.fd, name, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_NOFOLLOW, perm)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir.join(name), Err: err}
 	}
+	return &rawFile{fd: fd, path: dir.join(name)}, nil
 }
 
 func (f *rawFile) Write(p []byte) (int, error) {
@@ -50,7 +45,7 @@ func (f *rawFile) finish(mode uint32, mtime time.Time) error {
 		return &os.PathError{Op: "chmod", Path: f.path, Err: err}
 	}
 	if !mtime.IsZero() {
-		f.setMtime(mtime)
+		setTimes(f.fd, mtime.UnixNano())
 	}
 	if err := syscall.Close(f.fd); err != nil {
 		return &os.PathError{Op: "close", Path: f.path, Err: err}

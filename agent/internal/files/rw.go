@@ -5,7 +5,6 @@ import (
 	"math"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -132,37 +131,34 @@ func handleWrite(w http.ResponseWriter, r *http.Request) {
 }
 
 func writeFile(p string, body *bodyReader, mode *uint32, overwrite bool) (Stat, error) {
-	target := p
-	// Like a shell redirect, writing to a symlink writes to the file it points at.
-	if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			target = real
-		}
-	}
-	existing, err := os.Lstat(target)
-	switch {
-	case err == nil && !overwrite:
-		return Stat{}, api.Conflict("%s exists (overwrite=false)", p)
-	case err == nil && existing.IsDir():
-		return Stat{}, api.Conflict("%s is a directory", p)
-	case err != nil && !os.IsNotExist(err):
-		return Stat{}, createError(err)
-	case err != nil:
-		existing = nil
-	}
-	dir := filepath.Dir(target)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return Stat{}, createError(err)
-	}
-	tmp, err := os.CreateTemp(dir, ".orchard-upload-*")
+	parent, name, err := parentOf(p, true)
 	if err != nil {
 		return Stat{}, createError(err)
 	}
-	renamed := false
+	defer parent.close()
+	// Like a shell redirect, writing to a symlink writes to the file it points at, if
+	// the rule in walk.go lets the write follow it.
+	t, err := (&walker{}).last(parent, name)
+	if err != nil {
+		return Stat{}, createError(err)
+	}
+	defer t.dir.close()
+	existing := t.e
+	switch {
+	case existing != nil && !overwrite:
+		return Stat{}, api.Conflict("%s exists (overwrite=false)", p)
+	case existing != nil && existing.isDir():
+		return Stat{}, api.Conflict("%s is a directory", p)
+	}
+	tmp, tmpName, err := createTemp(t.dir, ".orchard-upload-")
+	if err != nil {
+		return Stat{}, createError(err)
+	}
+	placed := false
 	defer func() {
-		if !renamed {
+		if !placed {
 			tmp.Close()
-			os.Remove(tmp.Name())
+			_ = unlinkat(t.dir.fd, tmpName, 0)
 		}
 	}()
 	if _, err := copyBig(tmp, body); err != nil {
@@ -174,51 +170,56 @@ func writeFile(p string, body *bodyReader, mode *uint32, overwrite bool) (Stat, 
 	perm := uint32(0o644)
 	if mode != nil {
 		perm = *mode
-	} else if existing != nil && existing.Mode().IsRegular() {
-		perm = unixMode(existing.Mode())
+	} else if existing != nil && existing.isRegular() {
+		perm = existing.mode & 0o7777
 	}
 	if existing != nil {
 		// Keep the owner of a replaced file (the agent usually runs as root).
-		if sys, ok := existing.Sys().(*syscall.Stat_t); ok {
-			_ = tmp.Chown(int(sys.Uid), int(sys.Gid))
-		}
+		_ = tmp.Chown(int(existing.uid), int(existing.gid))
 	}
-	// Chmod after Chown: chown clears setuid/setgid bits.
+	// Chmod after Chown: chown clears setuid/setgid bits. Both act on the open file.
 	if err := tmp.Chmod(goMode(perm)); err != nil {
 		return Stat{}, createError(err)
 	}
-	if err := tmp.Close(); err != nil {
+	err = tmp.Close()
+	placed = true
+	if err != nil {
+		_ = unlinkat(t.dir.fd, tmpName, 0)
 		return Stat{}, createError(err)
 	}
-	if err := place(tmp.Name(), target, overwrite); err != nil {
+	if err := place(t.dir, tmpName, t.name, p, overwrite); err != nil {
 		return Stat{}, err
 	}
-	renamed = true
-	return lstat(target)
+	shown := p
+	if t.followed {
+		shown = t.path()
+	}
+	return statAt(t.dir, t.name, shown)
 }
 
-// place moves the finished temp file to target. Without overwrite it uses link(2),
-// which fails if target appeared meanwhile, instead of rename(2), which would replace it.
-func place(tmp, target string, overwrite bool) error {
+// place moves the finished temp file to name in dir. Without overwrite it uses
+// link(2), which fails if the name appeared meanwhile, instead of rename(2), which would
+// replace it. Neither follows a symlink at the name.
+func place(dir dirRef, tmp, name, shown string, overwrite bool) error {
 	if !overwrite {
-		err := os.Link(tmp, target)
+		err := linkat(dir.fd, tmp, dir.fd, name)
 		if err == nil {
-			os.Remove(tmp)
+			_ = unlinkat(dir.fd, tmp, 0)
 			return nil
 		}
-		if os.IsExist(err) {
-			os.Remove(tmp)
-			return api.Conflict("%s exists (overwrite=false)", target)
+		if err == syscall.EEXIST {
+			_ = unlinkat(dir.fd, tmp, 0)
+			return api.Conflict("%s exists (overwrite=false)", shown)
 		}
 		// Some file systems have no hard links: fall back to check-then-rename.
-		if _, err := os.Lstat(target); err == nil {
-			os.Remove(tmp)
-			return api.Conflict("%s exists (overwrite=false)", target)
+		if _, err := lstatAt(dir, name); err == nil {
+			_ = unlinkat(dir.fd, tmp, 0)
+			return api.Conflict("%s exists (overwrite=false)", shown)
 		}
 	}
-	if err := os.Rename(tmp, target); err != nil {
-		os.Remove(tmp)
-		return createError(err)
+	if err := renameat(dir.fd, tmp, dir.fd, name); err != nil {
+		_ = unlinkat(dir.fd, tmp, 0)
+		return createError(&os.PathError{Op: "rename", Path: shown, Err: err})
 	}
 	return nil
 }

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/orchard-env/orchard/agent/internal/api"
 )
@@ -72,34 +71,41 @@ func decompress(br *bufio.Reader) (io.Reader, error) {
 }
 
 // extractor writes tar entries below root and never outside it: names are relative
-// with no "..", every folder on the way is checked not to be a symlink leading out,
-// and the last component is never followed.
+// with no "..", every folder on the way is opened relative to the one before it, a
+// symlink on the way must lead inside root, and the last component is never followed.
+// root itself is reached as every write's path is (walk.go: no symlink a less
+// privileged user planted is followed).
 type extractor struct {
-	root     string
-	rootReal string
-	limits   tarLimits
-	entries  int64         // every entry read, folders and skipped ones too
-	dirs     []*tar.Header // modes and mtimes applied at the end
-	res      TarResult
-	// Folders already resolved (relative name -> real path), so 10,000 files in 100
-	// folders cost 100 walks, not 10,000. Emptied whenever an entry could change what
-	// a name leads to (a link, a fifo, anything replaced).
-	known map[string]string
+	root    dirRef
+	w       *walker
+	limits  tarLimits
+	entries int64         // every entry read, folders and skipped ones too
+	dirs    []*tar.Header // modes and mtimes applied at the end
+	res     TarResult
+	// Folders already open (relative name -> folder), so 10,000 files in 100 folders
+	// cost 100 walks, not 10,000. Emptied whenever an entry could change what a name
+	// leads to (a link, a fifo, anything replaced); what is emptied is closed once the
+	// entry is done (stale), as the entry may still hold it.
+	known map[string]dirRef
+	stale []dirRef
 	buf   []byte // one copy buffer for every file
 }
 
+// maxKnown bounds the folders held open at once.
+const maxKnown = 512
+
 func extract(root string, in io.Reader, limits tarLimits) (TarResult, error) {
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return TarResult{}, createError(err)
-	}
-	real, err := filepath.EvalSymlinks(root)
+	top, err := openRoot()
 	if err != nil {
 		return TarResult{}, fsError(err)
 	}
-	if fi, err := os.Stat(real); err != nil || !fi.IsDir() {
-		return TarResult{}, api.Conflict("%s is not a directory", root)
+	dir, err := (&walker{create: true}).walk(top, strings.TrimPrefix(root, "/"))
+	top.close()
+	if err != nil {
+		return TarResult{}, createError(err)
 	}
-	x := &extractor{root: root, rootReal: real, limits: limits, known: map[string]string{}}
+	x := &extractor{root: dir, w: &walker{beneath: dir.path}, limits: limits, known: map[string]dirRef{}}
+	defer x.close()
 	tr := tar.NewReader(in)
 	for {
 		hdr, err := tr.Next()
@@ -112,11 +118,19 @@ func extract(root string, in io.Reader, limits tarLimits) (TarResult, error) {
 		if x.entries++; x.entries > x.limits.entries {
 			return x.res, tooLarge("the archive has more than %d entries (max_entries)", x.limits.entries)
 		}
-		if err := x.entry(hdr, tr); err != nil {
+		err = x.entry(hdr, tr)
+		x.dropStale()
+		if err != nil {
 			return x.res, err
 		}
 	}
 	return x.res, x.finishDirs()
+}
+
+func (x *extractor) close() {
+	x.forget()
+	x.dropStale()
+	x.root.close()
 }
 
 // entryName validates a tar name and returns it cleaned, slash-separated and relative.
@@ -145,21 +159,27 @@ func entryName(name string) (string, error) {
 func (x *extractor) finishDirs() error {
 	for i := len(x.dirs) - 1; i >= 0; i-- {
 		h := x.dirs[i]
-		p := x.root
+		parent, name := x.root, "."
 		if h.Name != "." {
-			parent, err := x.resolveDir(path.Dir(h.Name), false)
-			if err != nil {
+			var err error
+			if parent, err = x.resolveDir(path.Dir(h.Name), false); err != nil {
 				continue
 			}
-			p = filepath.Join(parent, path.Base(h.Name))
+			name = path.Base(h.Name)
 		}
-		if fi, err := os.Lstat(p); err != nil || !fi.IsDir() {
+		f, err := openDirAt(parent, name) // a symlink there now is not followed
+		x.dropStale()
+		if err != nil {
 			continue
 		}
-		if err := os.Chmod(p, goMode(uint32(h.Mode))); err != nil {
+		err = f.Chmod(goMode(uint32(h.Mode)))
+		if err == nil && !h.ModTime.IsZero() {
+			setTimes(int(f.Fd()), h.ModTime.UnixNano())
+		}
+		f.Close()
+		if err != nil {
 			return createError(err)
 		}
-		setMtime(p, h.ModTime)
 	}
 	return nil
 }
@@ -189,38 +209,32 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 	if err != nil {
 		return err
 	}
-	dst := filepath.Join(parent, path.Base(name))
+	base := path.Base(name)
 	switch h.Typeflag {
 	case tar.TypeDir:
-		return x.dir(dst, h)
+		return x.dir(parent, base, h)
 	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse, tar.TypeCont:
-		if err := x.file(dst, h, r); err != nil {
+		if err := x.file(parent, base, h, r); err != nil {
 			return err
 		}
 	case tar.TypeSymlink:
 		if strings.IndexByte(h.Linkname, 0) >= 0 {
 			return api.BadRequest("symlink %q has a NUL byte in its target", h.Name)
 		}
-		if err := clearPath(dst, false); err != nil {
+		if err := clearAt(parent, base, false); err != nil {
 			return err
 		}
 		// A symlink may point anywhere; writing through it is what resolveDir prevents.
-		if err := os.Symlink(h.Linkname, dst); err != nil {
-			return createError(err)
+		if err := symlinkat(h.Linkname, parent.fd, base); err != nil {
+			return createError(&os.PathError{Op: "symlink", Path: parent.join(base), Err: err})
 		}
 	case tar.TypeLink:
-		if err := x.hardlink(dst, h); err != nil {
+		if err := x.hardlink(parent, base, h); err != nil {
 			return err
 		}
 	case tar.TypeFifo:
-		if err := clearPath(dst, false); err != nil {
+		if err := x.fifo(parent, base, h); err != nil {
 			return err
-		}
-		if err := syscall.Mkfifo(dst, uint32(h.Mode)&0o777); err != nil {
-			return createError(err)
-		}
-		if err := os.Chmod(dst, goMode(uint32(h.Mode))); err != nil {
-			return createError(err)
 		}
 	default:
 		return nil // unknown entry types are skipped, as tar does
@@ -229,96 +243,103 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 	return nil
 }
 
-// resolveDir returns the on-disk folder for the relative folder rel, creating missing
+// resolveDir returns the open folder for the relative folder rel, creating missing
 // folders when create is set. A component that is a symlink must resolve inside root.
-func (x *extractor) resolveDir(rel string, create bool) (string, error) {
-	cur := x.root
+// The folder stays open until the next forget (it may be x.root itself).
+func (x *extractor) resolveDir(rel string, create bool) (dirRef, error) {
 	if rel == "." {
-		return cur, nil
+		return x.root, nil
 	}
-	if p, ok := x.known[rel]; ok && create {
-		return p, nil
-	}
-	parts := strings.Split(rel, "/")
-	for i, part := range parts {
-		next := filepath.Join(cur, part)
-		fi, err := os.Lstat(next)
-		switch {
-		case os.IsNotExist(err) && create:
-			if err := os.Mkdir(next, 0o755); err != nil {
-				return "", createError(err)
-			}
-		case err != nil:
-			return "", fsError(err)
-		case fi.Mode()&fs.ModeSymlink != 0:
-			real, err := filepath.EvalSymlinks(next)
-			if err != nil || !x.inside(real) {
-				return "", api.BadRequest("symlink %q leads outside the target folder; no entry may pass through it",
-					strings.Join(parts[:i+1], "/"))
-			}
-			if rfi, err := os.Stat(real); err != nil || !rfi.IsDir() {
-				return "", api.BadRequest("%q is a symlink to a non-directory", rel)
-			}
-			next = real
-		case !fi.IsDir():
-			return "", api.Conflict("%s is not a directory", next)
-		}
-		cur = next
-	}
+	start, rest := x.root, rel
 	if create {
-		x.known[rel] = cur
+		if d, ok := x.known[rel]; ok {
+			return d, nil
+		}
+		// Start from the deepest folder on the way already open.
+		for i := strings.LastIndexByte(rel, '/'); i > 0; i = strings.LastIndexByte(rel[:i], '/') {
+			if d, ok := x.known[rel[:i]]; ok {
+				start, rest = d, rel[i+1:]
+				break
+			}
+		}
 	}
-	return cur, nil
+	x.w.create, x.w.links = create, 0
+	d, err := x.w.walk(start, rest)
+	if err != nil {
+		if create {
+			return dirRef{}, createError(err)
+		}
+		return dirRef{}, fsError(err)
+	}
+	if !create {
+		x.stale = append(x.stale, d)
+		return d, nil
+	}
+	if len(x.known) >= maxKnown {
+		x.forget()
+	}
+	x.known[rel] = d
+	return d, nil
 }
 
 func (x *extractor) forget() {
+	for _, d := range x.known {
+		x.stale = append(x.stale, d)
+	}
 	if len(x.known) > 0 {
-		x.known = map[string]string{}
+		x.known = map[string]dirRef{}
 	}
 }
 
-func (x *extractor) inside(real string) bool {
-	return real == x.rootReal || strings.HasPrefix(real, x.rootReal+"/") || x.rootReal == "/"
+func (x *extractor) dropStale() {
+	for _, d := range x.stale {
+		d.close()
+	}
+	x.stale = x.stale[:0]
 }
 
-// clearPath removes whatever is at dst so a new entry can take its place, never
-// following a symlink there. A folder is kept when keepDir is set (a folder entry
-// over a folder) and otherwise removed only if empty.
-func clearPath(dst string, keepDir bool) error {
-	fi, err := os.Lstat(dst)
-	if os.IsNotExist(err) {
+// clearAt removes whatever is at name in dir so a new entry can take its place, never
+// following a symlink there. A folder is kept when keepDir is set (a folder entry over
+// a folder) and otherwise removed only if empty.
+func clearAt(dir dirRef, name string, keepDir bool) error {
+	e, err := lstatAt(dir, name)
+	if errors.Is(err, syscall.ENOENT) {
 		return nil
 	}
 	if err != nil {
 		return createError(err)
 	}
-	if fi.IsDir() && keepDir {
+	if e.isDir() && keepDir {
 		return nil
 	}
-	if err := os.Remove(dst); err != nil {
-		if fi.IsDir() {
-			return api.Conflict("tar entry would replace non-empty directory %s", dst)
+	flags := 0
+	if e.isDir() {
+		flags = atRemoveDir
+	}
+	if err := unlinkat(dir.fd, name, flags); err != nil {
+		if e.isDir() {
+			return api.Conflict("tar entry would replace non-empty directory %s", dir.join(name))
 		}
-		return createError(err)
+		return createError(&os.PathError{Op: "remove", Path: dir.join(name), Err: err})
 	}
 	return nil
 }
 
-func (x *extractor) dir(dst string, h *tar.Header) error {
-	if fi, err := os.Lstat(dst); err == nil && !fi.IsDir() {
+func (x *extractor) dir(parent dirRef, name string, h *tar.Header) error {
+	if e, err := lstatAt(parent, name); err == nil && !e.isDir() {
 		x.forget()
 	}
-	if err := clearPath(dst, true); err != nil {
+	if err := clearAt(parent, name, true); err != nil {
 		return err
 	}
-	if err := os.Mkdir(dst, 0o755); err != nil && !os.IsExist(err) {
-		return createError(err)
+	if err := mkdirat(parent.fd, name, 0o755); err != nil && err != syscall.EEXIST {
+		return createError(&os.PathError{Op: "mkdir", Path: parent.join(name), Err: err})
 	}
 	x.dirs = append(x.dirs, h)
 	return nil
 }
 
-func (x *extractor) file(dst string, h *tar.Header, r io.Reader) error {
+func (x *extractor) file(parent dirRef, name string, h *tar.Header, r io.Reader) error {
 	// Checked before the file exists, so no partial file is left behind; the copy is
 	// bounded too, should the reader ever yield more than the header said.
 	room := x.limits.bytes - x.res.Bytes
@@ -327,13 +348,13 @@ func (x *extractor) file(dst string, h *tar.Header, r io.Reader) error {
 			h.Name, h.Size, x.limits.bytes)
 	}
 	// Most names are new, so create first and clear the way only when something is there.
-	f, err := createExcl(dst, 0o600)
+	f, err := createExclAt(parent, name, 0o600)
 	if os.IsExist(err) {
 		x.forget() // what is removed may be a folder that later names lead through
-		if err := clearPath(dst, false); err != nil {
+		if err := clearAt(parent, name, false); err != nil {
 			return err
 		}
-		f, err = createExcl(dst, 0o600)
+		f, err = createExclAt(parent, name, 0o600)
 	}
 	if err != nil {
 		return createError(err)
@@ -345,7 +366,7 @@ func (x *extractor) file(dst string, h *tar.Header, r io.Reader) error {
 	x.res.Bytes += n
 	if err == nil && n > room {
 		f.close()
-		_ = os.Remove(dst)
+		_ = unlinkat(parent.fd, name, 0)
 		return tooLarge("the archive's content exceeds %d bytes (max_bytes)", x.limits.bytes)
 	}
 	if err != nil {
@@ -361,7 +382,32 @@ func (x *extractor) file(dst string, h *tar.Header, r io.Reader) error {
 	return nil
 }
 
-func (x *extractor) hardlink(dst string, h *tar.Header) error {
+func (x *extractor) fifo(parent dirRef, name string, h *tar.Header) error {
+	if err := clearAt(parent, name, false); err != nil {
+		return err
+	}
+	p := parent.join(name)
+	if err := mkfifoat(parent.fd, name, uint32(h.Mode)&0o777); err != nil {
+		return createError(&os.PathError{Op: "mkfifo", Path: p, Err: err})
+	}
+	// The exact mode (mkfifo's is filtered by the umask), set on the FIFO just made:
+	// opened without blocking and without following a link swapped in meanwhile.
+	fd, err := openat(parent.fd, name, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return createError(&os.PathError{Op: "open", Path: p, Err: err})
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	if e, err := fstatFd(fd); err != nil || e.typ() != syscall.S_IFIFO {
+		return api.Conflict("%s changed while it was written", p)
+	}
+	if err := f.Chmod(goMode(uint32(h.Mode))); err != nil {
+		return createError(err)
+	}
+	return nil
+}
+
+func (x *extractor) hardlink(parent dirRef, name string, h *tar.Header) error {
 	target, err := entryName(h.Linkname)
 	if err != nil || target == "." {
 		return api.BadRequest("hard link %q points outside the target folder (%q)", h.Name, h.Linkname)
@@ -374,31 +420,25 @@ func (x *extractor) hardlink(dst string, h *tar.Header) error {
 		}
 		return err
 	}
-	src := filepath.Join(dir, path.Base(target))
-	fi, err := os.Lstat(src)
+	base := path.Base(target)
+	e, err := lstatAt(dir, base)
 	if err != nil {
 		return api.BadRequest("hard link %q points to missing %q", h.Name, h.Linkname)
 	}
-	if fi.IsDir() {
+	if e.isDir() {
 		return api.BadRequest("hard link %q points to a directory", h.Name)
 	}
-	if src == dst {
+	if dir.join(base) == parent.join(name) {
 		return nil
 	}
-	if err := clearPath(dst, false); err != nil {
+	if err := clearAt(parent, name, false); err != nil {
 		return err
 	}
-	// link(2) does not follow a symlink at src, so this links only things inside root.
-	if err := os.Link(src, dst); err != nil {
-		return createError(err)
+	// linkat without AT_SYMLINK_FOLLOW links a symlink itself, so only things inside root.
+	if err := linkat(dir.fd, base, parent.fd, name); err != nil {
+		return createError(&os.PathError{Op: "link", Path: parent.join(name), Err: err})
 	}
 	return nil
-}
-
-func setMtime(p string, t time.Time) {
-	if !t.IsZero() {
-		_ = os.Chtimes(p, t, t)
-	}
 }
 
 func handleTarDownload(w http.ResponseWriter, r *http.Request) {
