@@ -17,7 +17,17 @@ Both backends check every reference here before the engine (or skopeo) is asked 
   no id search) and the image found must carry that name (`names_image`): a dangling
   image has none, so it never runs. A digest is welcome as part of a name: `repo@sha256:…`.
 - **Host files.** The runc backend also reads `oci:<dir>[:tag]` and `docker-archive:<tar>`;
-  those paths must lie under a folder the operator lists (none by default).
+  those paths must lie under a folder the operator lists (none by default). Every other
+  transport of containers/image (`docker-daemon:`, `containers-storage:`, `dir:`,
+  `docker://`, ...) is refused: it is no name, and would reach a local store past the
+  checks below.
+- **Orchard's own images.** What Orchard keeps for one owner is reached only through that
+  owner's routes, never by a name in `image`. The repository `orchard-snapshot` (a docker
+  snapshot's commit) is reserved: refused before the engine is asked, with any tag or
+  digest. Whatever name or digest an image is found by, its labels are checked too
+  (`Ownership`): a snapshot's image (`orchard.snapshot`) never runs by name (create with
+  `snapshot`, or fork), and a build labelled `orchard.owner` (Harbor's builder labels
+  builds so) runs by name for that owner only.
 
 Refusals are `ImageRefused` (422, `image_refused`); a malformed reference is
 `InvalidRequest`. The pull-time name check is best effort against DNS rebinding (the
@@ -40,6 +50,26 @@ from orchard.env.errors import ImageRefused, InvalidRequest
 DEFAULT_REGISTRY = "docker.io"
 DEFAULT_REGISTRIES: tuple[str, ...] = (DEFAULT_REGISTRY, "*")
 FILE_TRANSPORTS = ("oci:", "docker-archive:")
+# containers/image's other transports (`docker:` alone is Docker's own image, `docker:24`).
+LOCAL_TRANSPORTS = (
+    "docker-daemon:",
+    "containers-storage:",
+    "dir:",
+    "oci-archive:",
+    "docker://",
+    "ostree:",
+    "sif:",
+    "tarball:",
+    "atomic:",
+)
+# The repository of the docker backend's snapshot commits; reserved (see the docstring).
+SNAPSHOT_REPOSITORY = "orchard-snapshot"
+RESERVED_REPOSITORIES = (SNAPSHOT_REPOSITORY,)
+SNAPSHOT_LABEL = "orchard.snapshot"
+OWNER_LABEL = "orchard.owner"
+# Global unicast IPv6; anything else (IPv4-compatible and -translated forms, NAT64,
+# site-local, multicast) is no public registry's address.
+_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
 _LEGACY_REGISTRIES = {"index.docker.io", "registry-1.docker.io"}
 _MAX_NAME = 255
 _ALNUM = r"[a-z0-9]+"
@@ -152,12 +182,19 @@ def _parsed(name: object) -> ImageRef | None:
 
 
 def _public(addr: str) -> bool:
+    """A global unicast address, and so is any IPv4 address an IPv6 one carries."""
     try:
         ip = ipaddress.ip_address(addr.split("%", 1)[0])
     except ValueError:
         return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return _public(str(ip.ipv4_mapped))
+        if ip not in _GLOBAL_UNICAST:
+            return False
+        embedded = ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is not None and not _public(str(embedded)):
+            return False
     return ip.is_global and not ip.is_multicast
 
 
@@ -167,6 +204,33 @@ def _is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who an image's labels say may run it by name: nobody (a snapshot's), or one owner."""
+
+    snapshot: str | None = None
+    owner: str | None = None
+
+    @classmethod
+    def of(cls, labels: Mapping[str, Any] | None) -> Ownership:
+        labels = labels or {}
+        snapshot, owner = labels.get(SNAPSHOT_LABEL), labels.get(OWNER_LABEL)
+        return cls(str(snapshot) if snapshot else None, str(owner) if owner else None)
+
+    def check(self, image: str, owner: str | None) -> None:
+        """Raise unless `owner` may run this image by the name `image`. A warm pool's
+        sandboxes are made under `<owner>:pool:<name>` (no key's owner has a colon)."""
+        holder = owner.partition(":")[0] if owner else None
+        if self.snapshot is not None or (self.owner is not None and self.owner != holder):
+            raise ImageRefused(
+                f"image {image[:80]!r} is one Orchard keeps for its owner: a snapshot's "
+                "image runs only from `snapshot` (or a fork), a build only for its owner"
+            )
+
+
+UNOWNED = Ownership()  # an image anyone the policy lets through may run by name
 
 
 @dataclass(frozen=True)
@@ -197,7 +261,17 @@ class ImagePolicy:
         """The parsed reference if the policy allows it before any pull; else raise."""
         if image.startswith(FILE_TRANSPORTS):
             raise ImageRefused(f"image {image[:80]!r}: local image files are not allowed here")
+        if image.strip().lower().startswith(LOCAL_TRANSPORTS):
+            raise ImageRefused(
+                f"image {image[:80]!r}: transports are not allowed, name the image "
+                "(repo:tag or repo@sha256:…)"
+            )
         ref = parse_reference(image)
+        if ref.path.removeprefix("library/").split("/", 1)[0] in RESERVED_REPOSITORIES:
+            raise ImageRefused(
+                f"image {image[:80]!r} is in a repository Orchard keeps for its own images: "
+                "create from a snapshot with `snapshot`"
+            )
         if self.trusted(ref.registry):
             return ref
         if "*" not in self.registries:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from orchard.env.backends.docker import DockerBackend
 from orchard.env.errors import (
     ImageNotFound,
     ImageRefused,
@@ -133,7 +134,27 @@ def test_the_default_policy_refuses_registries_on_the_host_or_a_private_network(
     ):
         with pytest.raises(ImageRefused):
             policy.check(image)
-    for image in ("busybox", "ghcr.io/a/b", "8.8.8.8/x", "quay.io/x/y:1"):
+    # IPv6 forms that carry an IPv4 address on the host or a private network (issue 31).
+    for host in (
+        "::127.0.0.1",  # IPv4-compatible
+        "::ffff:127.0.0.1",  # IPv4-mapped
+        "::ffff:0:7f00:1",  # IPv4-translated (SIIT)
+        "64:ff9b::7f00:1",  # NAT64
+        "64:ff9b::a00:7",  # NAT64 of 10.0.0.7
+        "64:ff9b:1::a9fe:a9fe",  # local-use NAT64
+        "2002:7f00:1::",  # 6to4 of 127.0.0.1
+        "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
+        "2002:c0a8:102::",  # 6to4 of 192.168.1.2
+        "2001:0:4136:e378:8000:63bf:f5ff:fffe",  # Teredo (client 10.0.0.1)
+        "fec0::1",  # site-local
+        "ff02::1",  # multicast
+        "::",
+    ):
+        with pytest.raises(ImageRefused):
+            policy.check(f"[{host}]:5000/x")
+    for image in ("busybox", "ghcr.io/a/b", "8.8.8.8/x", "quay.io/x/y:1", "docker:24-dind"):
+        policy.check(image)
+    for image in ("[2001:4860:4860::8888]/x", "[2002:808:808::1]/x"):  # global, 6to4 of 8.8.8.8
         policy.check(image)
     with pytest.raises(ImageRefused):
         policy.check("oci:/etc")  # host files: only under folders the operator lists
@@ -151,6 +172,51 @@ def test_only_named_images_match() -> None:
     assert not names_image(ref, {"RepoTags": []})  # dangling
     assert not names_image(ref, {"RepoTags": ["<none>:<none>"]})
     assert not names_image(ref, {"RepoTags": ["orchard/busybox:v2"]})
+
+
+# Orchard's own images (a snapshot's) and local transports: never a name (issue 31).
+_DIGEST = "sha256:" + "0" * 64
+NO_NAMES = (
+    "orchard-snapshot:snap-0123456789ab",
+    "docker.io/library/orchard-snapshot:snap-0123456789ab",
+    "index.docker.io/library/orchard-snapshot",
+    f"orchard-snapshot@{_DIGEST}",
+    f"orchard-snapshot:snap-0123456789ab@{_DIGEST}",
+    "orchard-snapshot/x:1",
+    "docker-daemon:orchard-snapshot:snap-0123456789ab",
+    "docker-daemon:busybox:latest",
+    "docker-daemon:5000/x",
+    "containers-storage:busybox",
+    "dir:/var/lib/x",
+    "oci-archive:/tmp/x.tar",
+    "docker://busybox",
+    "ostree:x@/ostree/repo",
+    "sif:/tmp/x.sif",
+    "tarball:/tmp/x.tar",
+)
+
+
+def test_orchards_own_images_and_local_transports_are_never_names() -> None:
+    for policy in (ImagePolicy(), ImagePolicy.from_lists(["docker.io", "*"])):
+        for image in NO_NAMES:
+            with pytest.raises(ImageRefused):
+                policy.check(image)
+
+
+async def test_they_are_refused_before_the_engine_is_asked(
+    backend: AnyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*args: object, **kw: object) -> None:
+        raise AssertionError(f"the engine was asked about {args}")
+
+    engine_calls = ("_inspect", "_pull") if isinstance(backend, DockerBackend) else (
+        "_docker_image_id", "_from_source")  # fmt: skip
+    for name in engine_calls:
+        monkeypatch.setattr(backend.images, name, never)
+    for image in NO_NAMES:
+        with pytest.raises(ImageRefused):
+            await backend.create(make_spec(image))
+    assert await backend.list() == []
 
 
 def test_file_sources_only_under_listed_folders(tmp_path: Path) -> None:
@@ -207,6 +273,18 @@ async def test_a_registrys_answer_never_reaches_the_caller(
         assert BANNER in caplog.text or harness.name == "local"
 
 
+def _engine_id(image: str) -> str:
+    out = subprocess.check_output(["docker", "image", "inspect", "--format", "{{.Id}}", image])
+    return out.decode().strip().partition(":")[2]
+
+
+async def _image_id(backend: AnyBackend, name: str) -> str:
+    """The engine id of the image `backend` resolves `name` to."""
+    if isinstance(backend, DockerBackend):
+        return (await backend.images.get(name)).id.partition(":")[2]
+    return (await backend.images.resolve(name)).key.removeprefix("docker-")
+
+
 @pytest.fixture
 def dangling_image(busybox_image: str) -> Iterator[str]:
     """The id of an untagged image (a `docker commit` without a name)."""
@@ -226,10 +304,15 @@ async def test_image_ids_and_untagged_images_never_run(
     for ref in refs:
         with pytest.raises(ImageRefused):
             await backend.create(make_spec(ref))
-    # With a tag it is a name (docker.io/library/<prefix>:latest): looked up and pulled as
-    # that, never the image an id search would find.
-    with pytest.raises((ImageNotFound, RegistryUnavailable)):
-        await backend.create(make_spec(f"{dangling_image[:12]}:latest"))
+    # With a tag it is a name (docker.io/library/<prefix>:latest): looked up as that, never
+    # the image an id search would find. Here the name is busybox's (nothing is pulled).
+    named = f"{dangling_image[:12]}:latest"
+    subprocess.run(["docker", "tag", busybox_image, named], check=True)
+    try:
+        found = await _image_id(backend, named)
+    finally:
+        subprocess.run(["docker", "rmi", named], capture_output=True, check=False)
+    assert found == _engine_id(busybox_image) != dangling_image
     assert await backend.list() == []
     rec = await backend.create(make_spec(busybox_image))  # names still work
     assert rec.state == "running"
@@ -246,7 +329,5 @@ def test_rest_refuses_images_from_the_host(
         for image in images:
             r = c.post("/v1/sandboxes", json={"image": image})
             assert_error(r, 422, "image_refused")
-        r = c.post("/v1/sandboxes", json={"image": f"{dangling_image[:12]}:latest"})
-        assert r.status_code in (404, 503), r.text  # looked up (and pulled) by name only
-        assert BANNER not in r.text
     assert listener.connections == 0
+    assert "pulling " not in shared_service.logs()  # every refusal came before the engine

@@ -1,12 +1,15 @@
 """The Docker backend's images, and how engine failures become typed errors.
 
-`DockerImages.get(name)` checks the name against the image policy (image_policy.py) on
-every call, then inspects it once per name and TTL even under a burst of creates, asking
-the engine by the canonical name only (no id-prefix search) and keeping the image only if
-it carries that name; a missing image is pulled after the policy's check of its
-registry's addresses. `engine(what)` turns any engine failure into the typed error the
-caller gets: the engine's, runtime's or registry's own text only goes to the log
-(failures.py), unless it is a harmless answer to a bad request.
+`DockerImages.get(name, owner=...)` checks the name against the image policy
+(image_policy.py) on every call, then inspects it once per name and TTL even under a
+burst of creates, asking the engine by the canonical name only (no id-prefix search) and
+keeping the image only if it carries that name; a missing image is pulled after the
+policy's check of its registry's addresses. What the image's labels say of its owner
+(`Ownership`: a snapshot's image, another owner's build) is checked on every call, so a
+snapshot runs only from its record (an `ImageInfo` made from it, no name). `engine(what)`
+turns any engine failure into the typed error the caller gets: the engine's, runtime's or
+registry's own text only goes to the log (failures.py), unless it is a harmless answer to
+a bad request.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from orchard.env.errors import (
     RegistryUnavailable,
     Unavailable,
 )
-from orchard.env.image_policy import ImagePolicy, ImageRef, names_image
+from orchard.env.image_policy import UNOWNED, ImagePolicy, ImageRef, Ownership, names_image
 
 log = logging.getLogger("orchard.docker")
 
@@ -69,6 +72,7 @@ class ImageInfo:
     entrypoint: list[str]
     cmd: list[str]
     user: str
+    ownership: Ownership = UNOWNED
 
 
 def engine_error(what: str, e: DockerError) -> OrchardError:
@@ -115,8 +119,13 @@ class DockerImages:
         """Drop a cached lookup (the image went away since it was inspected)."""
         self._cache.pop(name, None)
 
-    async def get(self, name: str) -> ImageInfo:
-        """The image `name` (pulled if missing), once the policy allows it."""
+    async def get(self, name: str, *, owner: str | None = None) -> ImageInfo:
+        """The image `name` (pulled if missing), once the policy allows it to `owner`."""
+        info = await self._get(name)
+        info.ownership.check(name, owner)
+        return info
+
+    async def _get(self, name: str) -> ImageInfo:
         ref = self.policy.check(name)
         hit = self._cache.get(name)
         if hit and time.monotonic() - hit[0] < IMAGE_CACHE_TTL_S:
@@ -138,6 +147,7 @@ class DockerImages:
                 entrypoint=list(cfg.get("Entrypoint") or []),
                 cmd=list(cfg.get("Cmd") or []),
                 user=str(cfg.get("User") or ""),
+                ownership=Ownership.of(cfg.get("Labels")),
             )
             self._cache[name] = (time.monotonic(), info)
             return info

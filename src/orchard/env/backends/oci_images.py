@@ -17,7 +17,10 @@ asyncio lock per key in this process, a file lock across processes).
 With a `policy` (the backend always gives one) names are checked by
 `image_policy.ImagePolicy` first, file sources must lie under the folders it allows, and a
 name is looked up in the engine's store by its canonical form only (never as an id
-prefix). What skopeo, umoci or the engine answer goes to the log, never to the caller.
+prefix). The image's labels (kept in `image.json`) are checked for the caller on every
+resolve (`image_policy.Ownership`): the engine's store holds the docker backend's
+snapshot images and owners' builds, which no name may reach for another owner. What
+skopeo, umoci or the engine answer goes to the log, never to the caller.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ from orchard.env.backends.failures import hidden
 from orchard.env.errors import ImageNotFound, InvalidRequest, RegistryUnavailable, Unavailable
 from orchard.env.image_policy import (
     FILE_TRANSPORTS,
+    UNOWNED,
     ImagePolicy,
     ImageRef,
+    Ownership,
     names_image,
     parse_reference,
 )
@@ -103,6 +108,7 @@ class LocalImage:
     user: str
     entrypoint: tuple[str, ...]
     cmd: tuple[str, ...]
+    ownership: Ownership = UNOWNED
 
 
 async def _run(*args: str, timeout_s: float) -> tuple[int, str]:
@@ -181,8 +187,14 @@ class ImageStore:
 
     # ------------------------------------------------------------ public
 
-    async def resolve(self, name: str) -> LocalImage:
-        """The unpacked image for `name`, unpacking it on first use."""
+    async def resolve(self, name: str, *, owner: str | None = None) -> LocalImage:
+        """The unpacked image for `name`, unpacking it on first use, if `owner` may run it."""
+        image = await self._resolve_cached(name, owner)
+        if self.policy is not None:
+            image.ownership.check(name, owner)
+        return image
+
+    async def _resolve_cached(self, name: str, owner: str | None) -> LocalImage:
         if name.startswith(FILE_TRANSPORTS) and self.policy is not None:
             self.policy.check_file(name)  # names are checked by _resolve (cached once passed)
         hit = self._names.get(name)
@@ -192,7 +204,7 @@ class ImageStore:
             hit = self._names.get(name)
             if hit and time.monotonic() - hit[0] < NAME_TTL_S:
                 return hit[1]
-            image = await self._resolve(name)
+            image = await self._resolve(name, owner)
             self._names[name] = (time.monotonic(), image)
             return image
 
@@ -210,11 +222,12 @@ class ImageStore:
             user=str(meta.get("User") or ""),
             entrypoint=tuple(meta.get("Entrypoint") or ()),
             cmd=tuple(meta.get("Cmd") or ()),
+            ownership=Ownership.of(meta.get("Labels")),
         )
 
     # ------------------------------------------------------------ sources
 
-    async def _resolve(self, name: str) -> LocalImage:
+    async def _resolve(self, name: str, owner: str | None) -> LocalImage:
         if name.startswith("oci:"):
             path, _, tag = name[4:].partition(":")
             return await self._from_source(f"oci:{path}:{tag or 'latest'}", None, name)
@@ -235,13 +248,16 @@ class ImageStore:
             )
             return remembered
         if docker_id is not None:
-            key = "docker-" + docker_id.partition(":")[2]
-            image = await self._from_source(f"docker-daemon:{docker_id}", key, name)
+            if self.policy is not None:  # before copying it: not this owner's to run
+                docker_id[1].check(name, owner)
+            key = "docker-" + docker_id[0].partition(":")[2]
+            image = await self._from_source(f"docker-daemon:{docker_id[0]}", key, name)
         elif remembered is not None and not remembered.key.startswith("docker-"):
             return remembered  # pulled from a registry before, as Docker's store keeps it
         else:
             if self.policy is not None:
                 await self.policy.check_pull(ref)
+            log.info("pulling %s", ref.canonical)
             image = await self._from_source(f"docker://{ref.canonical}", None, name)
         self._remember(name, image.key)
         return image
@@ -255,9 +271,9 @@ class ImageStore:
         tmp.write_text(key)
         os.replace(tmp, path)
 
-    async def _docker_image_id(self, ref: ImageRef) -> str | None:
-        """The engine's id for `ref`, or None when there is no engine or no image of that name
-        (an image that only an id search would find does not count)."""
+    async def _docker_image_id(self, ref: ImageRef) -> tuple[str, Ownership] | None:
+        """The engine's id for `ref` and what its labels say of its owner, or None when there
+        is no engine or no image of that name (one only an id search finds does not count)."""
         import aiodocker
         from aiodocker.exceptions import DockerError
 
@@ -279,7 +295,9 @@ class ImageStore:
         except Exception as e:  # aiohttp's connector errors: no engine here
             log.debug("no docker engine for image lookup: %s", e)
             return None
-        return str(data["Id"]) if names_image(ref, data) else None
+        if not names_image(ref, data):
+            return None
+        return str(data["Id"]), Ownership.of((data.get("Config") or {}).get("Labels"))
 
     # ------------------------------------------------------------ copy + unpack
 

@@ -6,6 +6,9 @@
   directory); the original image's entrypoint/cmd/user are kept in the snapshot's meta.
   Images carry `orchard.snapshot` and `orchard.snapshot_dir` labels, so a sweep finds
   those left by a crash, or whose snapshot was deleted while a sandbox still used them.
+  They are named `orchard-snapshot:<id>`, a repository the image policy reserves: a
+  create from a snapshot starts the image id its record keeps, and no name or digest in
+  `image` reaches one (its `orchard.snapshot` label refuses it, image_policy.Ownership).
 - diff since start: the engine's `/containers/{id}/changes`; since a later snapshot of
   the same sandbox: the overlay2 upper dirs the engine reports (GraphDriver), when this
   process can read them (same host, root), else 501.
@@ -36,8 +39,9 @@ from orchard.env.backends.state_base import (
     upper_changes,
 )
 from orchard.env.errors import Conflict, NotFound, NotSupported
+from orchard.env.image_policy import OWNER_LABEL, SNAPSHOT_LABEL, SNAPSHOT_REPOSITORY
 
-SNAPSHOT_REPO = "orchard-snapshot"
+SNAPSHOT_REPO = SNAPSHOT_REPOSITORY
 _KINDS = {0: "modified", 1: "added", 2: "deleted"}
 
 
@@ -80,7 +84,7 @@ class DockerState(SnapshotCatalog):
 
     async def _image_for(self, spec: SandboxSpec) -> ImageInfo:
         if spec.snapshot_id is None:
-            return await self.images.get(spec.image)
+            return await self.images.get(spec.image, owner=spec.owner)
         snap = self.snapshots.get(spec.snapshot_id)
         if snap is None:
             raise NotFound(f"no snapshot {spec.snapshot_id!r}")
@@ -91,7 +95,7 @@ class DockerState(SnapshotCatalog):
 
     async def snapshot(self, sandbox_id: str, record: SnapshotRecord) -> SnapshotRecord:
         data, rec = await self._running(sandbox_id)
-        base = await self.images.get(rec.image)
+        base = await self.images.get(rec.image, owner=rec.owner)
         config = data.get("Config") or {}
         env = [e for e in config.get("Env") or [] if not e.startswith("ORCHARD_AGENT_")]
         record.complete = False
@@ -101,7 +105,8 @@ class DockerState(SnapshotCatalog):
             "WorkingDir": config.get("WorkingDir") or "",
             "Labels": {
                 **(config.get("Labels") or {}),
-                "orchard.snapshot": record.id,
+                SNAPSHOT_LABEL: record.id,
+                OWNER_LABEL: record.owner,
                 "orchard.snapshot_dir": str(self.state_dir),
             },
         }
@@ -138,7 +143,7 @@ class DockerState(SnapshotCatalog):
             images = await self.docker.images.list(filters=filters)
         live: set[str] = set()
         for image in images:
-            sid = str((image.get("Labels") or {}).get("orchard.snapshot") or "")
+            sid = str((image.get("Labels") or {}).get(SNAPSHOT_LABEL) or "")
             rec = self.snapshots.read(sid) if sid.startswith("snap-") else None
             keep = rec is not None and rec.complete and not rec.deleted
             young = rec is not None and not rec.complete and rec.created_at > time.time() - 120

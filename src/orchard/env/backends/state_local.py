@@ -94,12 +94,12 @@ class LocalState(LocalMemory):
     async def _image_for(self, spec: SandboxSpec) -> tuple[LocalImage, list[str]]:
         """The image a sandbox starts from, and the snapshot layers (top first) above it."""
         if spec.snapshot_id is None:
-            return await self.images.resolve(spec.image), []
+            return await self.images.resolve(spec.image, owner=spec.owner), []
         snap = self.snapshots.get(spec.snapshot_id)
         if snap is None:
             raise NotFound(f"no snapshot {spec.snapshot_id!r}")
         image = self.images.cached(str(snap.extra.get("image_key"))) or await self.images.resolve(
-            snap.image
+            snap.image, owner=snap.owner
         )
         image = dataclasses.replace(
             image,
