@@ -8,27 +8,106 @@ it into the sandbox's private host folder (never mounted into the sandbox) and
 checks that the link is a socket; the service only ever connects to that link.
 A hard link made and checked in a folder the sandbox cannot reach cannot be
 changed afterwards, so the check has no race.
+
+The folders the sandboxes write in are on one small tmpfs per state dir (`<state>/
+sockets`, TMPFS_BYTES, mounted on first use, unmounted by `release_tmpfs` once empty),
+never on the state dir's disk: a socket needs no data block, so a sandbox can put no more
+than that there, however it writes, and the pinned link sits beside its folder on the
+same tmpfs (a hard link cannot cross filesystems). A filled tmpfs stops no agent (its
+socket takes an inode, no page); inodes are unlimited and each is charged to the memory
+of the sandbox that made it. One mount, not one per sandbox: the local backend's runtime
+copies the host's mount table into every sandbox it makes (mount_ns.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import fcntl
+import logging
 import os
 import stat
+import sys
 import time
 from pathlib import Path
 
+from orchard.env.backends.failures import hidden
+from orchard.env.backends.mount_ns import mount
+from orchard.env.errors import Unavailable
 
-def pin(shared: Path, pinned: Path) -> bool:
-    """Link `shared` to `pinned` if it is a real socket; True once `pinned` is one."""
+log = logging.getLogger("orchard.agent_socket")
+
+SOCKETS_DIR = "sockets"  # in the state dir: the tmpfs of the sandboxes' socket folders
+TMPFS_BYTES = 256 << 10
+_TMPFS_MAGIC = 0x01021994
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _fs_type(path: Path) -> int | None:
+    buf = ctypes.create_string_buffer(256)  # struct statfs; f_type (a long) comes first
+    if _libc.statfs(str(path).encode(), buf):
+        return None
+    return int.from_bytes(buf.raw[: ctypes.sizeof(ctypes.c_long)], sys.byteorder, signed=True)
+
+
+def tmpfs_device(root: Path) -> int | None:
+    """The device number of the tmpfs mounted at `root`, or None when there is none."""
+    try:
+        st, up = os.stat(root), os.stat(root.parent)
+    except OSError:
+        return None
+    if st.st_dev == up.st_dev or _fs_type(root) != _TMPFS_MAGIC:
+        return None
+    return st.st_dev
+
+
+def mount_tmpfs(root: Path) -> int:
+    """The device of the sockets tmpfs at `root`, mounted first if there is none (under a
+    lock beside it, so two services over one state dir never mount it twice)."""
+    root.mkdir(mode=0o700, exist_ok=True)
+    with open(root.with_name(root.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        dev = tmpfs_device(root)
+        if dev is None:
+            options = f"size={TMPFS_BYTES},nr_inodes=0,mode=0700"
+            try:
+                mount("tmpfs", root, "tmpfs", options, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            except OSError as exc:
+                why = f"{exc} (the service needs root, or a tmpfs mounted at {root})"
+                raise hidden(
+                    Unavailable, "cannot make the agents' socket folder", why, log
+                ) from exc
+            dev = tmpfs_device(root)
+            if dev is None:
+                raise hidden(Unavailable, "cannot make the agents' socket folder", str(root), log)
+        return dev
+
+
+def release_tmpfs(root: Path) -> None:
+    """Unmount the sockets tmpfs once no sandbox has a folder on it (a backend's close)."""
+    with contextlib.suppress(OSError), open(root.with_name(root.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if tmpfs_device(root) is None or any(root.iterdir()):
+            return
+        if _libc.umount2(str(root).encode(), 0) == 0:
+            root.rmdir()
+
+
+def pin(shared: Path, pinned: Path, dev: int | None = None) -> bool:
+    """Link `shared` to `pinned` if it is a real socket (on device `dev`, if given);
+    True once `pinned` is one."""
     with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISSOCK(os.lstat(pinned).st_mode):
+        st = os.lstat(pinned)
+        if stat.S_ISSOCK(st.st_mode) and dev in (None, st.st_dev):
             return True
         os.unlink(pinned)  # a leftover that is not a socket
     try:
-        if not stat.S_ISSOCK(os.lstat(shared).st_mode):
-            return False  # not there yet, or a symlink/file planted by the sandbox
+        st = os.lstat(shared)
+        if not stat.S_ISSOCK(st.st_mode) or dev not in (None, st.st_dev):
+            return False  # not there yet, a symlink/file planted by the sandbox, or the
+            # tmpfs is gone (unmounted under the folder the runtime then made on disk)
         os.link(shared, pinned, follow_symlinks=False)
     except (FileNotFoundError, FileExistsError):
         return False
@@ -38,17 +117,19 @@ def pin(shared: Path, pinned: Path) -> bool:
     return False
 
 
-def repin(box: Path) -> None:
+def repin(shared: Path, pinned: Path, dev: int | None = None) -> None:
     """Pin a running sandbox's socket if its create was cut short before pinning (adoption)."""
     with contextlib.suppress(OSError):
-        pin(box / "run" / "agent.sock", box / "agent.sock")
+        pin(shared, pinned, dev)
 
 
-async def wait_and_pin(shared: Path, pinned: Path, timeout_s: float = 10.0) -> bool:
+async def wait_and_pin(
+    shared: Path, pinned: Path, dev: int | None = None, timeout_s: float = 10.0
+) -> bool:
     """Poll (fast at first) until the agent's socket can be pinned, or give up."""
     deadline = time.monotonic() + timeout_s
     delay = 0.001
-    while not pin(shared, pinned):
+    while not pin(shared, pinned, dev):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(delay)

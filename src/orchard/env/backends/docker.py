@@ -2,8 +2,9 @@
 
 The agent binary is bind-mounted read-only and made the entrypoint; it runs as root (so
 it can run execs as any user) and listens on a Unix socket in a per-sandbox host folder,
-`<state_dir>/sandboxes/<id>/run/`, mounted at /.orchard/run. The image's own
-entrypoint+cmd (or the spec's cmd) runs under it as a supervised child.
+`<state_dir>/sockets/<id>/run/` (on a small tmpfs: host_folders.py), mounted at
+/.orchard/run. The image's own entrypoint+cmd (or the spec's cmd) runs under it as a
+supervised child. Its /etc files and volumes: docker_mounts.py.
 
 Containers carry everything needed to rebuild a record as labels, so a restarted service
 rebuilds its view from `list()`. Labels are immutable, so what can change later (expiry,
@@ -38,9 +39,15 @@ from typing import Any, TypeVar
 import aiodocker
 from aiodocker.exceptions import DockerError
 
-from orchard.env.backends import agent_socket
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.docker_images import DockerImages, ImageInfo, engine
+from orchard.env.backends.docker_mounts import (
+    docker_mounts,
+    etc_binds,
+    image_rootfs,
+    log_config,
+    write_etc,
+)
 from orchard.env.backends.host_folders import RUN_DIR, SOCKET_NAME, HostFolders
 from orchard.env.backends.pool_claim import PoolClaims, claimed
 from orchard.env.backends.state_docker import DockerState
@@ -118,13 +125,6 @@ def _disk_support(info: Mapping[str, Any]) -> str:
     return f"storage driver {driver or '?'} on {backing or '?'} has no per-container quota"
 
 
-def docker_mounts(binds: Iterable[tuple[str, str, bool]]) -> list[dict[str, Any]]:
-    """`HostConfig.Mounts` of volume folders: a missing source is an error, not made."""
-    return [
-        {"Type": "bind", "Source": src, "Target": dst, "ReadOnly": ro} for src, dst, ro in binds
-    ]
-
-
 def _user_labels(labels: Mapping[str, str]) -> dict[str, str]:
     found = {k[len(USER_LABEL) :]: v for k, v in labels.items() if k.startswith(USER_LABEL)}
     if "orchard.label_keys" in labels:
@@ -179,6 +179,7 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
         self.firewall = EgressFirewall(subnet, protect=protect)
         self._name_key = load_secret(self.state_dir, NAME_KEY_FILE)
         self._disk_support: str | None = None  # "" once known to work, else why not
+        self._engine_info: dict[str, Any] | None = None
         self._docker_url = docker_url or os.environ.get("DOCKER_HOST") or None
         self._docker: aiodocker.Docker | None = None
         self._net_ready = False
@@ -323,7 +324,7 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
         host: dict[str, Any] = {
             "Binds": [
                 f"{self.agent_binary}:{AGENT_PATH}:ro",
-                f"{self._box(spec.id) / 'run'}:{RUN_DIR}",
+                f"{self._run_dir(spec.id)}:{RUN_DIR}",
             ],
             "NetworkMode": "none" if spec.network.egress == "none" else self.network_name,
             "Init": False,  # the agent is PID 1 and reaps orphans itself
@@ -340,6 +341,9 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
             host["MemorySwap"] = spec.memory_bytes  # no swap beyond the limit
         if labels["orchard.disk"]:
             host["StorageOpt"] = {"size": labels["orchard.disk"]}
+        logs = log_config(str((self._engine_info or {}).get("LoggingDriver") or ""))
+        if logs is not None:  # the engine's log file is on the host: capped (docker_mounts)
+            host["LogConfig"] = logs
         env = [f"{k}={v}" for k, v in spec.env.items()]
         env.append(f"ORCHARD_AGENT_TOKEN={spec.agent_token}")
         return {
@@ -366,9 +370,7 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
         if not (spec.disk_bytes or self.default_disk_bytes):
             return
         if self._disk_support is None:
-            async with engine("docker info"):
-                info = await self.docker.system.info()
-            self._disk_support = _disk_support(info)
+            self._disk_support = _disk_support(await self._info())
             if self._disk_support:
                 log.warning("disk limits are not enforced on docker: %s", self._disk_support)
         if spec.disk_bytes and self._disk_support:
@@ -377,13 +379,30 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
                 "per-container quota; see docs/backends.md)"
             )
 
+    async def _info(self) -> dict[str, Any]:
+        """The engine's `docker info`, asked once (its storage and logging drivers)."""
+        if self._engine_info is None:
+            async with engine("docker info"):
+                self._engine_info = dict(await self.docker.system.info())
+        return self._engine_info
+
     # ------------------------------------------------------------ create
+
+    async def _mounts(self, spec: SandboxSpec, image: ImageInfo) -> list[dict[str, Any]]:
+        """`HostConfig.Mounts`: the read-only /etc files, then the volumes where their
+        targets lead in the image (volume_host.py, after the meta names them)."""
+        binds = etc_binds(self._box(spec.id) / "etc")
+        if spec.volumes:
+            async with image_rootfs(self.docker, image.id, self.extra_labels) as rootfs:
+                binds += await self.volume_binds(spec, rootfs)
+        return docker_mounts(binds)
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
         self._check_spec(spec)
         if spec.memory_bytes and spec.memory_bytes < MIN_MEMORY_BYTES:
             raise InvalidRequest("memory must be at least 6 MiB on the docker backend")
         await self._check_disk(spec)
+        await self._info()
         egress = spec.network.egress
         allow = await self._allow(spec.network)
         image = await self._image_for(spec)
@@ -394,8 +413,7 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
             raise Conflict(f"sandbox {spec.id} already exists")
         self._creating.add(spec.id)
         try:
-            (box / "run").mkdir(parents=True)
-            box.chmod(0o700)
+            self._make_box(spec.id)  # and its socket folder on the tmpfs (host_folders.py)
             created_at = time.time()
             pids = spec.pids_limit or self.default_pids_limit
             labels = self._labels(spec, image, created_at, pids)
@@ -411,7 +429,7 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
                 },
             )
             config = self._config(spec, image, labels)
-            config["HostConfig"]["Mounts"] = docker_mounts(await self.volume_binds(spec))
+            config["HostConfig"]["Mounts"] = await self._mounts(spec, image)
             name = self._container_name(spec.id)
             async with engine(f"create sandbox {spec.id}"):
                 try:
@@ -423,11 +441,14 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
                         self.images.forget(spec.image)  # it went away since we inspected it
                         raise ImageNotFound(f"image {spec.image!r} is gone") from e
                     raise
+                # The engine's own hostname for it (Config.Hostname is left to the engine).
+                write_etc(box / "etc", container.id[:12], None)
                 await self._network_retry(container.start)
                 if egress != "none":
                     ip = self._ip(await container.show())
+                    write_etc(box / "etc", None, ip)
                     await self.firewall.apply(spec.id, ip, egress, allow)
-            await agent_socket.wait_and_pin(box / "run" / SOCKET_NAME, box / SOCKET_NAME)
+            await self._pin_socket(spec.id)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self.delete(spec.id)
@@ -448,7 +469,7 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
     ) -> SandboxRecord:
         sid = labels["orchard.sandbox"]
         if state == "running":
-            agent_socket.repin(self._box(sid))  # a create cut short before pinning (adoption)
+            self._repin(sid)  # a create cut short before pinning (adoption)
         network = NetworkPolicy.model_validate_json(labels.get("orchard.network") or "{}")
         expires_at = float(labels.get("orchard.expires_at") or 0)
         if meta:
@@ -563,6 +584,7 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
                     if self.network_name in attached:
                         net = await self.docker.networks.get(self.network_name)
                         await net.disconnect({"Container": cid, "Force": True})
+                    write_etc(self._box(sandbox_id) / "etc", None, None)
                 else:
                     await self._ensure_network()
                     if self.network_name not in attached:
@@ -574,6 +596,7 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
                         await net.connect({"Container": cid})
                         data = (await self.docker.containers.get(cid))._container
                     ip = self._ip(data)
+                    write_etc(self._box(sandbox_id) / "etc", None, ip)
                     await self.firewall.apply(sandbox_id, ip, policy.egress, allow)
         except BaseException:
             self._update_meta(sandbox_id, network=previous.model_dump())
@@ -601,7 +624,7 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
         had_rules = meta is None or (meta.get("network") or {}).get("egress", "none") != "none"
         if had_rules and shutil.which("iptables"):
             await self.firewall.remove(sandbox_id)
-        shutil.rmtree(self._box(sandbox_id), ignore_errors=True)
+        self._remove_box(sandbox_id)
 
     async def _runtime_gone(self, sandbox_id: str) -> bool:
         return await self._inspect(sandbox_id) is None
@@ -610,3 +633,4 @@ class DockerBackend(DockerState, PoolClaims, HostFolders, VolumeFolders):
         if self._docker is not None:
             await self._docker.close()
             self._docker = None
+        self._release_sockets()  # its tmpfs, once no sandbox is left on it

@@ -1,18 +1,25 @@
 """Per-sandbox host folders, shared by the backends whose agent listens on a Unix socket.
 
-`<state>/sandboxes/<id>/` holds `meta.json` (what labels cannot change after create:
-expiry, network policy, ...), the pinned agent socket (see agent_socket.py), and `run/`,
-the one folder the sandbox sees (at RUN_DIR), where the agent creates its socket.
+`<state>/sandboxes/<id>/` (never mounted into the sandbox) holds `meta.json` (what labels
+cannot change after create: expiry, network policy, ...), the sandbox's /etc files (read-
+only in it: a host file it could write would be disk outside its limit), and
+`agent.sock`, the service's way to its agent: a symlink to the pinned socket in
+`<state>/sockets/<id>/`, on the small tmpfs of agent_socket.py, beside `run/`, the one
+folder the sandbox sees and writes (at RUN_DIR), where the agent creates its socket.
+Sandboxes made before that tmpfs keep `run/` and a hard link in their own folder.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from orchard.env.backends import agent_socket
 from orchard.env.backends.base import AgentEndpoint, SandboxSpec
 from orchard.env.backends.meta_files import read_meta, write_meta
 from orchard.env.errors import InvalidRequest
@@ -29,6 +36,7 @@ class HostFolders:
 
     state_dir: Path
     _creating: set[str]
+    _sockets_dev: int | None = None  # the sockets tmpfs's device, once mounted or found
 
     async def delete(self, sandbox_id: str) -> None: ...
 
@@ -50,7 +58,70 @@ class HostFolders:
             if await self._runtime_gone(sid):
                 await self.delete(sid)
                 removed.append(sid)
+        self._sweep_socket_folders(now)
         return removed
+
+    # ------------------------------------------------------------ the socket folders
+
+    def _sockets(self) -> Path:
+        return self.state_dir / agent_socket.SOCKETS_DIR
+
+    def _socket_paths(self, sandbox_id: str) -> tuple[Path, Path, int | None]:
+        """(where the agent makes its socket, the pinned link, the device both are on)."""
+        box = self._box(sandbox_id)
+        if (box / "run").is_dir():  # made before the sockets tmpfs
+            return box / "run" / SOCKET_NAME, box / SOCKET_NAME, None
+        folder, dev = self._sockets() / sandbox_id, self._sockets_dev
+        if dev is None:  # a restarted service: the tmpfs it finds (no check without one)
+            dev = self._sockets_dev = agent_socket.tmpfs_device(self._sockets())
+        return folder / "run" / SOCKET_NAME, folder / SOCKET_NAME, dev
+
+    def _run_dir(self, sandbox_id: str) -> Path:
+        """The host folder mounted at RUN_DIR."""
+        return self._socket_paths(sandbox_id)[0].parent
+
+    def _make_box(self, sandbox_id: str) -> None:
+        """The sandbox's private folder and its socket folder on the tmpfs (mounted now if
+        it is not: agent_socket.mount_tmpfs), with `agent.sock` pointing at the pin."""
+        root = self._sockets()
+        dev = self._sockets_dev
+        with contextlib.suppress(OSError):
+            if dev is not None and os.stat(root).st_dev != dev:
+                dev = None  # unmounted since (another backend's close over this state dir)
+        if dev is None:
+            dev = self._sockets_dev = agent_socket.mount_tmpfs(root)
+        box, folder = self._box(sandbox_id), root / sandbox_id
+        box.mkdir(mode=0o700)
+        box.chmod(0o700)  # not subject to the umask
+        shutil.rmtree(folder, ignore_errors=True)  # a crash's leftover: ids are never reused
+        folder.mkdir(mode=0o700)
+        (folder / "run").mkdir(mode=0o755)
+        os.symlink(folder / SOCKET_NAME, box / SOCKET_NAME)
+
+    async def _pin_socket(self, sandbox_id: str) -> bool:
+        """Wait for the agent's socket and pin it (agent_socket.py)."""
+        return await agent_socket.wait_and_pin(*self._socket_paths(sandbox_id))
+
+    def _repin(self, sandbox_id: str) -> None:
+        agent_socket.repin(*self._socket_paths(sandbox_id))
+
+    def _remove_box(self, sandbox_id: str) -> None:
+        shutil.rmtree(self._sockets() / sandbox_id, ignore_errors=True)
+        shutil.rmtree(self._box(sandbox_id), ignore_errors=True)
+
+    def _sweep_socket_folders(self, now: float) -> None:
+        """Socket folders whose sandbox folder is gone (a crash between the two removals)."""
+        with contextlib.suppress(OSError):
+            for folder in self._sockets().iterdir():
+                if self._box(folder.name).exists() or folder.name in self._creating:
+                    continue
+                with contextlib.suppress(OSError):
+                    if now - folder.stat().st_mtime >= ORPHAN_GRACE_S:
+                        shutil.rmtree(folder, ignore_errors=True)
+
+    def _release_sockets(self) -> None:
+        """Unmount the sockets tmpfs if no sandbox is left on it (at the backend's close)."""
+        agent_socket.release_tmpfs(self._sockets())
 
     def _box(self, sandbox_id: str) -> Path:
         return self.state_dir / "sandboxes" / sandbox_id

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchard.env.backends import agent_socket, oci_runtime, spawn
+from orchard.env.backends import oci_runtime, spawn
 from orchard.env.backends.base import BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.criu import CONSOLE_LOG
 from orchard.env.backends.docker import AGENT_PIDS_RESERVE
@@ -52,7 +52,7 @@ from orchard.env.backends.pool_claim import PoolClaims
 from orchard.env.backends.runc_state import release_stopped, remove_cgroups
 from orchard.env.backends.spawner import Spawner
 from orchard.env.backends.state_local import SCRATCH_MOUNT, LocalState
-from orchard.env.backends.volume_base import decode_mounts, encode_mounts
+from orchard.env.backends.volume_base import LayerView, decode_mounts, encode_mounts
 from orchard.env.backends.volume_host import VolumeFolders
 from orchard.env.errors import Conflict, InvalidRequest, NotFound, SandboxExited, Unavailable
 from orchard.env.image_policy import ImagePolicy
@@ -286,7 +286,8 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         (etc / "hosts").write_text(hosts + (f"{ip}\t{hostname}\n" if ip else ""))
         servers = host_dns_servers()
         (etc / "resolv.conf").write_text("".join(f"nameserver {s}\n" for s in servers))
-        return [(str(etc / n), f"/etc/{n}", False) for n in ("hostname", "hosts", "resolv.conf")]
+        # Read-only: host files the sandbox could grow past its disk limit (host_folders.py).
+        return [(str(etc / n), f"/etc/{n}", True) for n in ("hostname", "hosts", "resolv.conf")]
 
     def _rootfs_mounts(
         self, box: Path, image: LocalImage, disk: int | None, layers: list[str]
@@ -310,17 +311,19 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             raise Conflict(f"sandbox {spec.id} already exists")
         self._creating.add(spec.id)
         try:
-            (box / "run").mkdir(parents=True)
-            box.chmod(0o700)
+            self._make_box(spec.id)  # and its socket folder on the tmpfs (host_folders.py)
             ip = self.network.allocate() if egress != "none" else None
             meta = self._meta(spec, image, ip)
             meta.update(layers=layers, lower=str(image.rootfs))
             self._write_meta(spec.id, meta)
             binds = [
                 (str(self.agent_binary), AGENT_PATH, True),
-                (str(box / "run"), RUN_DIR, False),
+                (str(self._run_dir(spec.id)), RUN_DIR, False),
                 *self._etc_files(box, spec.id, ip),
-                *await self.volume_binds(spec),  # volume_host.py: after the meta names them
+                # volume_host.py: after the meta names them, where they lead in the rootfs
+                *await self.volume_binds(
+                    spec, LayerView([*self._layer_dirs(layers), image.rootfs])
+                ),
             ]
             if meta["disk"]:  # the upper on its tmpfs, for snapshots and diffs (state_local)
                 binds.append((str(box / "scratch"), SCRATCH_MOUNT, True))
@@ -350,7 +353,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             meta.update(pid=pid, pid_start=_start_time(pid))
             self._write_meta(spec.id, meta)
             self._watch(spec.id, pid)
-            await agent_socket.wait_and_pin(box / "run" / SOCKET_NAME, box / SOCKET_NAME)
+            await self._pin_socket(spec.id)
             await self._adopt_restored(spec, pid)
             if ip is not None:
                 await self.network.attach(spec.id, pid, ip)
@@ -433,7 +436,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
             state = "pending"
         elif self._alive(sid, meta):
             state = "paused" if meta.get("paused") else "running"
-            agent_socket.repin(self._box(sid))  # a create cut short before pinning (adoption)
+            self._repin(sid)  # a create cut short before pinning (adoption)
         else:
             state = "exited"
             watch = self._watches.get(sid)
@@ -584,7 +587,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         self._remove_cgroups(sandbox_id)
         umount(box / "rootfs")  # only sandboxes made before mount_ns have host mounts
         umount(box / "scratch")
-        await asyncio.to_thread(shutil.rmtree, box, True)
+        await asyncio.to_thread(self._remove_box, sandbox_id)
         if meta and meta.get("layers"):
             await asyncio.to_thread(self.sweep_snapshots)
 
@@ -605,3 +608,4 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         self._watches.clear()
         self._spawner.detach()
         await asyncio.to_thread(self._spawner.reap)
+        self._release_sockets()  # its tmpfs, once no sandbox is left on it

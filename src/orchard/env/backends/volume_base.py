@@ -22,10 +22,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from orchard.env.backends.meta_files import check_id, new_id, read_meta, write_meta
-from orchard.env.errors import InvalidRequest
+from orchard.env.errors import InvalidMount, InvalidRequest
 
 VOLUME_GRACE_S = 120.0  # a half-made volume this young may still be being created
 TRASH_PREFIX = ".trash-"
@@ -210,3 +210,155 @@ class VolumeStore:
 def mount_strings(mounts: Iterable[VolumeMount]) -> dict[str, str]:
     """Mounts as a create asks for them (target -> "name" or "name:ro"): snapshot settings."""
     return {m.target: m.name + (":ro" if m.read_only else "") for m in mounts}
+
+
+# ---------------------------------------------------------------- where a target lands
+
+# Where the runtime and the agent live: a volume there would hide or replace them.
+RESERVED_TARGETS = ("/.orchard", "/proc", "/sys", "/dev")
+# Files the backends mount themselves (read-only): a volume there cannot replace them.
+RUNTIME_FILES = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
+MAX_SYMLINKS = 40  # as the kernel's own path walk (ELOOP)
+# What a rootfs holds at a path: a directory, a symlink (and its target), anything else
+# (a file, a device...), or nothing (the runtime makes the missing folders of a target).
+Entry = tuple[Literal["dir", "symlink", "other", "missing"], str]
+
+
+def bad_mount(target: str, reason: str, message: str) -> InvalidMount:
+    """422 `invalid_mount` for one `volumes` entry; `details.reason` says which rule."""
+    return InvalidMount(
+        f"volumes[{target[:80]!r}]: {message}", details={"target": target[:256], "reason": reason}
+    )
+
+
+def reserved_by(path: str) -> str | None:
+    """What reserves `path` (absolute and normal) for the runtime, or None."""
+    if path == "/":
+        return "/"
+    for reserved in RESERVED_TARGETS:
+        if path == reserved or path.startswith(reserved + "/"):
+            return reserved
+    return path if path in RUNTIME_FILES else None
+
+
+class RootfsView(Protocol):
+    """A sandbox's root filesystem before it runs, as its mounts will see it."""
+
+    async def entry(self, parent: tuple[str, ...], name: str) -> Entry:
+        """What is at `/parent.../name`; `parent` holds no symlink (it was resolved)."""
+        ...
+
+
+def _whiteout(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def _opaque(path: str) -> bool:
+    for attr in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        with contextlib.suppress(OSError):
+            if os.getxattr(path, attr, follow_symlinks=False) == b"y":
+                return True
+    return False
+
+
+class LayerView:
+    """An overlay's merged view read from its layer folders (top first), never mounted:
+    the upper entry wins, a whiteout (char device 0:0) deletes, an opaque folder hides the
+    folders below it, a non-folder hides everything below it (the kernel's rules)."""
+
+    def __init__(self, layers: Iterable[Path | str]) -> None:
+        self._dirs: dict[tuple[str, ...], list[str]] = {(): [str(p) for p in layers]}
+
+    def _folders(self, path: tuple[str, ...]) -> list[str]:
+        """The layer folders that make up the merged folder `path` (none: not a folder)."""
+        found = self._dirs.get(path)
+        if found is not None:
+            return found
+        found = []
+        for layer in self._folders(path[:-1]):
+            here = os.path.join(layer, path[-1])
+            try:
+                st = os.lstat(here)
+            except OSError:
+                continue  # not in this layer: the ones below may have it
+            if not stat.S_ISDIR(st.st_mode):
+                break  # a whiteout or a non-folder hides the layers below
+            found.append(here)
+            if _opaque(here):
+                break
+        self._dirs[path] = found
+        return found
+
+    async def entry(self, parent: tuple[str, ...], name: str) -> Entry:
+        for layer in self._folders(parent):
+            here = os.path.join(layer, name)
+            try:
+                st = os.lstat(here)
+            except OSError:
+                continue
+            if _whiteout(st):
+                return "missing", ""
+            if stat.S_ISLNK(st.st_mode):
+                return "symlink", os.readlink(here)
+            return ("dir" if stat.S_ISDIR(st.st_mode) else "other"), ""
+        return "missing", ""
+
+
+async def resolve_target(view: RootfsView, target: str) -> str:
+    """Where a runtime mounts `target` in this rootfs: every symlink on the way followed
+    with the rootfs as `/` (absolute links restart there, `..` stops there), as runc's
+    and Docker's scoped path walks do. Raises 422 for a loop or a non-folder on the way."""
+    todo = [p for p in reversed(target.split("/")) if p]
+    done: list[str] = []
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            if done:
+                done.pop()
+            continue
+        kind, link = await view.entry(tuple(done), name)
+        if kind == "symlink":
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise bad_mount(target, "symlink_loop", "too many symbolic links in the image")
+            if link.startswith("/"):
+                done = []
+            todo += [p for p in reversed(link.split("/")) if p]
+            continue
+        if kind == "other":
+            where = "/" + "/".join([*done, name])
+            raise bad_mount(target, "not_a_directory", f"{where[:80]!r} is not a folder")
+        done.append(name)
+    return "/" + "/".join(done)
+
+
+async def resolve_mounts(
+    view: RootfsView, mounts: Iterable[VolumeMount]
+) -> builtins.list[tuple[VolumeMount, str]]:
+    """Each mount with the path it lands on, parents first; refused (422 `invalid_mount`)
+    when that path is the runtime's (reason `reserved`), or one lands in another (`nested`):
+    a mount point made inside a volume would follow symlinks its files hold."""
+    out = []
+    for m in mounts:
+        where = await resolve_target(view, m.target)
+        owner = reserved_by(where)
+        if owner is not None:
+            raise bad_mount(
+                m.target,
+                "reserved",
+                f"leads to {where[:80]!r} in the image: {owner} is the runtime's",
+            )
+        out.append((m, where))
+    out.sort(key=lambda mw: mw[1])
+    for i, (inner, b) in enumerate(out):  # at most 16: every pair
+        for outer, a in out[:i]:
+            if b == a or b.startswith(a + "/"):
+                raise bad_mount(
+                    inner.target,
+                    "nested",
+                    f"leads into the target {outer.target[:80]!r} of another volume",
+                )
+    return out

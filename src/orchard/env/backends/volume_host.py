@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
-from orchard.env.backends.volume_base import VolumeMount, VolumeStore, decode_mounts
+from orchard.env.backends.volume_base import (
+    RootfsView,
+    VolumeMount,
+    VolumeStore,
+    decode_mounts,
+    resolve_mounts,
+)
 from orchard.env.errors import NotFound, VolumeFull
 
 # A sandbox in one of these holds its mounts (a paused one too; an exited one no longer).
@@ -53,13 +59,19 @@ class VolumeFolders:
     def volume_store(self) -> VolumeStore:
         return VolumeStore(self.state_dir / "volumes")
 
-    async def volume_binds(self, spec: SandboxSpec) -> builtins.list[tuple[str, str, bool]]:
-        """(host folder, target, read-only) of each of the spec's volumes, parents first.
+    async def volume_binds(
+        self, spec: SandboxSpec, rootfs: RootfsView
+    ) -> builtins.list[tuple[str, str, bool]]:
+        """(host folder, where it lands, read-only) of each of the spec's volumes, parents
+        first. The runtime is given the path each target leads to in `rootfs` (symlinks
+        followed there), never the target itself, and refuses none that reaches its own.
 
         Checked here, after the sandbox's meta recorded its mounts: the volume still
         exists, and holds no more than the owner's max_volume_bytes."""
+        if not spec.volumes:
+            return []
         store, binds = self.volume_store, []
-        for m in sorted(spec.volumes, key=lambda m: m.target):
+        for m, where in await resolve_mounts(rootfs, spec.volumes):
             if store.get(m.volume_id) is None:
                 raise NotFound(f"no volume {m.name!r} (deleted meanwhile)")
             if m.max_bytes is not None:
@@ -70,7 +82,7 @@ class VolumeFolders:
                         f"{m.max_bytes}: free some space in it (mount it elsewhere) first",
                         details={"volume": m.name, "size_bytes": size, "max_bytes": m.max_bytes},
                     )
-            binds.append((str(store.data(m.volume_id)), m.target, m.read_only))
+            binds.append((str(store.data(m.volume_id)), where, m.read_only))
         return binds
 
     async def volume_users(self) -> dict[str, builtins.list[str]]:

@@ -16,7 +16,13 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from orchard.env.backends.base import Backend
-from orchard.env.backends.volume_base import VolumeMount, VolumeRecord, new_volume_id
+from orchard.env.backends.volume_base import (
+    VolumeMount,
+    VolumeRecord,
+    bad_mount,
+    new_volume_id,
+    reserved_by,
+)
 from orchard.env.backends.volume_host import VolumeHost
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
@@ -33,8 +39,6 @@ from orchard.env.volume_models import VOLUME_NAME_PATTERN, Volume, VolumeCreate
 MAX_MOUNTS = 16
 MAX_VOLUMES = 1000  # per owner: stops a runaway loop, not work (a fixed cap, no limits key)
 MAX_TARGET_LEN = 256
-# Where the runtime and the agent live: a volume there would hide or replace them.
-RESERVED_TARGETS = ("/.orchard", "/proc", "/sys", "/dev")
 _NAME_RE = re.compile(VOLUME_NAME_PATTERN)
 
 
@@ -56,14 +60,12 @@ def _host(backend: Backend) -> VolumeHost:
     return backend
 
 
-def _bad_mount(target: str, reason: str, message: str) -> InvalidMount:
-    return InvalidMount(
-        f"volumes[{target[:80]!r}]: {message}", details={"target": target[:256], "reason": reason}
-    )
+_bad_mount = bad_mount
 
 
 def check_target(target: str) -> None:
-    """An absolute, normal path, not the root, not over the runtime's own mounts."""
+    """An absolute, normal path, not the root, not over the runtime's own mounts (as
+    written: the backend checks again where it leads in the image, volume_base.py)."""
     if not target.startswith("/"):
         raise _bad_mount(target, "not_absolute", "the target must be an absolute path")
     if len(target) > MAX_TARGET_LEN or "\x00" in target:
@@ -76,9 +78,9 @@ def check_target(target: str) -> None:
         )
     if target == "/":
         raise _bad_mount(target, "reserved", "a volume cannot replace the root filesystem")
-    for reserved in RESERVED_TARGETS:
-        if target == reserved or target.startswith(reserved + "/"):
-            raise _bad_mount(target, "reserved", f"{reserved} belongs to the runtime")
+    reserved = reserved_by(target)
+    if reserved is not None:
+        raise _bad_mount(target, "reserved", f"{reserved} belongs to the runtime")
 
 
 def parse_mounts(volumes: Mapping[str, str]) -> list[tuple[str, str, bool]]:
