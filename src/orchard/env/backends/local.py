@@ -282,12 +282,17 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
         etc = box / "etc"
         etc.mkdir()
         (etc / "hostname").write_text(hostname + "\n")
-        hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-        (etc / "hosts").write_text(hosts + (f"{ip}\t{hostname}\n" if ip else ""))
+        self._write_hosts(box, hostname, ip)
         servers = host_dns_servers()
         (etc / "resolv.conf").write_text("".join(f"nameserver {s}\n" for s in servers))
         # Read-only: host files the sandbox could grow past its disk limit (host_folders.py).
         return [(str(etc / n), f"/etc/{n}", True) for n in ("hostname", "hosts", "resolv.conf")]
+
+    @staticmethod
+    def _write_hosts(box: Path, hostname: str, ip: str | None) -> None:
+        """In place (the sandbox has this inode mounted), as its address changes."""
+        hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        (box / "etc" / "hosts").write_text(hosts + (f"{ip}\t{hostname}\n" if ip else ""))
 
     def _rootfs_mounts(
         self, box: Path, image: LocalImage, disk: int | None, layers: list[str]
@@ -514,6 +519,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
                 await self.network.detach(sandbox_id)
                 self.network.release(ip)
                 self._update_meta(sandbox_id, ip=None)
+                self._write_hosts(self._box(sandbox_id), sandbox_id, None)
             else:
                 if not ip:
                     await self.network.ensure()
@@ -521,6 +527,7 @@ class LocalBackend(LocalState, PoolClaims, HostFolders, VolumeFolders):
                     self._update_meta(sandbox_id, ip=ip)
                     # Until apply() below, ORCHARD-EGRESS drops everything from it.
                     await self.network.attach(sandbox_id, int(meta["pid"]), ip)
+                    self._write_hosts(self._box(sandbox_id), sandbox_id, ip)
                 await self.network.firewall.apply(sandbox_id, ip, policy.egress, allow)
         except BaseException:
             self._update_meta(sandbox_id, network=previous.model_dump())
