@@ -64,3 +64,15 @@ if [ ! -f .venv-harbor/.installed ] || [ pyproject.toml -nt .venv-harbor/.instal
   .venv-harbor/bin/pip install -q -e '.[server]' 'harbor>=0.26'
   touch .venv-harbor/.installed
 fi
+
+# E2B's SDK (tests/e2b/) needs connectrpc >= 0.12, which verifiers' pin (< 0.12) keeps out
+# of .venv: it gets its own virtualenv, and the tests run E2B scripts from there.
+if [ ! -x .venv-e2b/bin/python ]; then
+  echo "setup: creating .venv-e2b"
+  python3 -m venv .venv-e2b
+fi
+if [ ! -f .venv-e2b/.installed ] || [ pyproject.toml -nt .venv-e2b/.installed ]; then
+  echo "setup: installing the e2b SDKs into .venv-e2b"
+  .venv-e2b/bin/pip install -q 'e2b==2.63.0' 'e2b-code-interpreter==2.11.5'
+  touch .venv-e2b/.installed
+fi

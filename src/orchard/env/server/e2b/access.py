@@ -1,0 +1,215 @@
+"""Who an envd request is for: the sandbox it routes to, the token that admits it, its user.
+
+E2B's SDK sends every in-sandbox request to one URL (`E2B_SANDBOX_URL`, here the Orchard
+service itself) with the headers `E2b-Sandbox-Id`, `E2b-Sandbox-Port` and
+`X-Access-Token`, and never the API key: the envd access token alone admits a request,
+for one sandbox. The token is derived, never stored (any replica can check it):
+`tag` (16 hex digits of an HMAC of the service secret over the owner) followed by an
+HMAC-SHA256 of the secret over the sandbox id and that tag. It is checked first, in
+constant time and with no lookup, so a forged token, another sandbox's token and an
+unknown sandbox cost the same and answer the same (401); only a genuine token looks the
+sandbox up, and its owner must still be the tag's. It is never the agent's own token
+(that one is an HMAC of the bare id and never leaves the service).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
+
+from orchard.env.errors import AgentUnavailable, NotFound, OrchardError
+from orchard.env.server.agent_client import STREAMING, AgentClient, Options, error_of
+from orchard.env.server.auth import service_of
+from orchard.env.server.e2b.connect import (
+    STREAM_TYPE,
+    RpcError,
+    first_message,
+    from_orchard,
+    gone,
+    stream_error,
+    unary_answer,
+    unary_error,
+    unary_request,
+)
+from orchard.env.server.service import SandboxService
+
+ENVD_PORT = 49983
+TAG_HEX, MAC_HEX = 16, 48
+SANDBOX_HEADER = "e2b-sandbox-id"
+PORT_HEADER = "e2b-sandbox-port"
+TOKEN_HEADER = "x-access-token"
+
+
+def _hmac(secret: bytes, *parts: str) -> str:
+    return hmac.new(secret, "\0".join(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def _tag(secret: bytes, owner: str) -> str:
+    return _hmac(secret, "e2b-envd-owner", owner)[:TAG_HEX]
+
+
+def envd_token(secret: bytes, owner: str, sandbox_id: str) -> str:
+    """The envd access token the control API hands out for one sandbox of one owner."""
+    tag = _tag(secret, owner)
+    return tag + _hmac(secret, "e2b-envd", sandbox_id, tag)[:MAC_HEX]
+
+
+def _genuine(secret: bytes, sandbox_id: str, token: str) -> str | None:
+    """The owner tag of a token minted for this sandbox id, or None (constant time)."""
+    tag, mac = token[:TAG_HEX], token[TAG_HEX:]
+    want = _hmac(secret, "e2b-envd", sandbox_id, tag)[:MAC_HEX]
+    return tag if hmac.compare_digest(want.encode(), mac.encode()) else None
+
+
+class NotRouted(Exception):
+    """The request carries no sandbox to route to: it is not an envd request."""
+
+
+@dataclass
+class Envd:
+    """One admitted envd request: the service, the sandbox and its owner, the user."""
+
+    svc: SandboxService
+    sandbox_id: str
+    owner: str
+    user: str | None
+
+    async def agent(self) -> AgentClient:
+        try:
+            return await self.svc.agent(self.owner, self.sandbox_id)
+        except OrchardError as e:
+            raise from_orchard(e, self.sandbox_id) from e
+
+    async def _failed(self, e: AgentUnavailable) -> RpcError:
+        return from_orchard(
+            await self.svc.agent_failed(self.owner, self.sandbox_id, e), self.sandbox_id
+        )
+
+    async def call(self, method: str, path: str, **opts: Any) -> tuple[int, Any]:
+        """One agent call answered in JSON: (status, body); an agent error is raised as
+        the Connect error for its typed error."""
+        agent = await self.agent()
+        try:
+            answer = await agent.call(method, path, **opts)
+        except AgentUnavailable as e:
+            raise await self._failed(e) from e
+        finally:
+            self.svc.touch(self.sandbox_id)
+        if answer.status >= 400:
+            raise from_orchard(error_of(answer.status, answer.content), self.sandbox_id)
+        if answer.status == 204 or not answer.content:
+            return answer.status, None
+        try:
+            return answer.status, httpx.Response(200, content=answer.content).json()
+        except ValueError:
+            raise RpcError("internal", "the sandbox's agent sent no JSON") from None
+
+    async def open(self, method: str, path: str, **opts: Any) -> httpx.Response:
+        """An agent answer left unread (a stream or a download); close it when done."""
+        agent = await self.agent()
+        request: Options = {"timeout": STREAMING, **opts}  # type: ignore[typeddict-item]
+        try:
+            resp = await agent.send(method, path, stream=True, **request)
+        except AgentUnavailable as e:
+            raise await self._failed(e) from e
+        if resp.status_code >= 400:
+            try:
+                raw = await resp.aread()
+            except httpx.TransportError as e:
+                raise await self._failed(AgentUnavailable(repr(e))) from e
+            finally:
+                await resp.aclose()
+            raise from_orchard(error_of(resp.status_code, raw), self.sandbox_id)
+        return resp
+
+
+def basic_user(request: Request) -> str | None:
+    """The user named by `Authorization: Basic base64(user:)`, envd's way to say who runs."""
+    auth = request.headers.get("authorization", "")
+    if auth[:6].lower() != "basic ":
+        return None
+    try:
+        decoded = base64.b64decode(auth[6:].strip(), validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise RpcError("invalid_argument", "malformed Basic authorization") from None
+    user = decoded.partition(":")[0]
+    return user or None
+
+
+def routed_id(request: Request) -> str | None:
+    """The sandbox an envd request is for, by its header (None: not an envd request)."""
+    return request.headers.get(SANDBOX_HEADER) or None
+
+
+async def admit(request: Request) -> Envd:
+    """Route and admit one envd request; raises NotRouted or the Connect error."""
+    sandbox_id = routed_id(request)
+    if sandbox_id is None:
+        raise NotRouted()
+    port = request.headers.get(PORT_HEADER, str(ENVD_PORT))
+    if port != str(ENVD_PORT):
+        raise RpcError("unimplemented", f"port {port[:8]!r}: only envd's port is served here")
+    svc = service_of(request)
+    if svc is None:
+        raise RpcError("unavailable", "the service has not started")
+    token = request.headers.get(TOKEN_HEADER, "")
+    tag = _genuine(svc.config.secret, sandbox_id, token)
+    if tag is None:
+        raise RpcError("unauthenticated", "invalid or missing X-Access-Token for this sandbox")
+    owner = await svc.owner_of(sandbox_id)
+    if owner is None or not hmac.compare_digest(_tag(svc.config.secret, owner), tag):
+        raise gone(sandbox_id)
+    return Envd(svc, sandbox_id, owner, basic_user(request))
+
+
+# ---------------------------------------------------------------- routes
+
+Unary = Callable[[Envd, dict[str, Any]], Awaitable[dict[str, Any]]]
+# Does the work a stream needs before its first message (errors there end the stream
+# at once), then returns the stream's frames.
+ServerStream = Callable[[Envd, dict[str, Any], Request], Awaitable[AsyncIterator[bytes]]]
+
+
+def _unrouted(request: Request) -> NotFound:
+    """Without the sandbox header this path is no route of Orchard's own API either."""
+    return NotFound(f"no route {request.method} {request.url.path}")
+
+
+def unary(fn: Unary) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint serving one unary RPC: admit, decode, `fn`, encode (errors as Connect's)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            envd = await admit(request)
+            return unary_answer(await fn(envd, await unary_request(request)))
+        except NotRouted:
+            raise _unrouted(request) from None
+        except RpcError as e:
+            return unary_error(e)
+
+    return endpoint
+
+
+def server_stream(fn: ServerStream) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint serving one server-streaming RPC (always 200; errors in the end frame)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            envd = await admit(request)
+            frames = await fn(envd, await first_message(request), request)
+        except NotRouted:
+            raise _unrouted(request) from None
+        except RpcError as e:
+            return stream_error(e)
+        return StreamingResponse(frames, media_type=STREAM_TYPE)
+
+    return endpoint
