@@ -18,9 +18,16 @@ from typing import Any
 from orchard.env.input_limits import DEFAULT_LIMITS, parse_size
 
 # For the sandbox-state work: max_volume_bytes is checked when a volume is mounted
-# (server/volumes.py, docs/volumes.md); max_snapshots is recognised, not enforced.
-STATE_KEYS = ("max_snapshots", "max_volume_bytes")
-_SIZES = ("max_memory", "max_label_bytes", "max_env_bytes", "max_volume_bytes")
+# (server/volumes.py, docs/volumes.md); max_snapshots and max_snapshot_bytes when a
+# snapshot is taken (server/state.py, docs/state.md).
+STATE_KEYS = ("max_snapshots", "max_snapshot_bytes", "max_volume_bytes")
+_SIZES = (
+    "max_memory",
+    "max_label_bytes",
+    "max_env_bytes",
+    "max_volume_bytes",
+    "max_snapshot_bytes",
+)
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,10 @@ class OwnerLimits:
     create_burst: int | None = 1000  # the bucket's size: a whole max_batch at once
     max_label_bytes: int | None = DEFAULT_LIMITS.max_label_bytes
     max_env_bytes: int | None = DEFAULT_LIMITS.max_env_bytes
-    max_snapshots: int | None = None
+    # Snapshots that exist at once, and the bytes they hold together (each one's size_bytes):
+    # a fork per sandbox of a 1,000-sandbox run fits; a loop snapshotting without end does not.
+    max_snapshots: int | None = 1000
+    max_snapshot_bytes: int | None = 100 << 30
     max_volume_bytes: int | None = None
 
     def as_dict(self) -> dict[str, float | int | None]:

@@ -130,6 +130,16 @@ class SandboxCreate(WireModel):
         return v
 
     @model_validator(mode="after")
+    def _null_size_is_not_given(self) -> SandboxCreate:
+        """`"cpu": null` / `"memory": null` mean what leaving them out means (the default
+        size, or a snapshot's or a pool's), never "unlimited": a null counted as nothing
+        against the quota and ran without a limit (issue 31, hole 1)."""
+        for name in ("cpu", "memory"):
+            if getattr(self, name) is None:
+                self.__pydantic_fields_set__.discard(name)
+        return self
+
+    @model_validator(mode="after")
     def _image_or_snapshot(self) -> SandboxCreate:
         if not self.image and not self.snapshot and not self.pool:
             raise ValueError("give an image (or a snapshot to start from, or a pool)")

@@ -24,13 +24,18 @@ from orchard.env.models import Env as Env
 
 # A day: long enough for a GRPO step's groups, short enough that forgotten ones go.
 DEFAULT_SNAPSHOT_TTL_S = 24 * 3600.0
+# Below a sandbox's week: a snapshot holds disk whether or not anything uses it (issue 31).
+MAX_SNAPSHOT_TTL_S = 3 * 24 * 3600.0
 MAX_FORK = 100
 
 
 class SnapshotCreate(WireModel):
     name: str | None = Field(default=None, max_length=128)
     timeout_s: float = Field(
-        default=DEFAULT_SNAPSHOT_TTL_S, gt=0, le=MAX_TTL_S, description="time to live"
+        default=DEFAULT_SNAPSHOT_TTL_S,
+        gt=0,
+        le=MAX_SNAPSHOT_TTL_S,
+        description="time to live (at most 3 days)",
     )
     memory: bool = Field(
         default=False,
@@ -77,7 +82,7 @@ class ForkRequest(WireModel):
     count: int = Field(default=1, ge=1, le=MAX_FORK)
     name: str | None = Field(default=None, max_length=128)
     memory: bool = Field(default=False, description="fork the running processes too (CRIU)")
-    snapshot_timeout_s: float = Field(default=DEFAULT_SNAPSHOT_TTL_S, gt=0, le=MAX_TTL_S)
+    snapshot_timeout_s: float = Field(default=DEFAULT_SNAPSHOT_TTL_S, gt=0, le=MAX_SNAPSHOT_TTL_S)
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
     env: Env = Field(default_factory=dict)
     labels: Labels | None = None

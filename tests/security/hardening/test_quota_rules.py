@@ -232,8 +232,8 @@ def test_default_cpu_and_memory_unless_asked(tmp_path: Path) -> None:
     svc = _service(tmp_path, FakeBackend())
     spec = svc.build_spec("alice", _req())
     assert (spec.cpu, spec.memory_bytes) == (1.0, 1 << 30)
-    spec = svc.build_spec("alice", _req(cpu=None, memory=None))  # asked for unlimited
-    assert (spec.cpu, spec.memory_bytes) == (None, None)
+    spec = svc.build_spec("alice", _req(cpu=None, memory=None))  # null: the default, too
+    assert (spec.cpu, spec.memory_bytes) == (1.0, 1 << 30)  # (issue 31: it was unlimited)
     svc.config.default_cpu = None
     assert svc.build_spec("alice", _req()).cpu is None
 

@@ -93,6 +93,11 @@ class KubernetesBackend:
         self._cilium: bool | None = {"on": True, "off": False}.get(options.cilium)
         self._baseline_ready = False
 
+    def default_size(self) -> tuple[float, int]:
+        """What a sandbox that names no cpu/memory gets here (its requests): the service's
+        admission counts it so against the owner's quota (server/sizing.py)."""
+        return self.opts.default_cpu, self.opts.default_memory_bytes
+
     # ------------------------------------------------------------ client and API calls
 
     @property

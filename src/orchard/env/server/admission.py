@@ -3,7 +3,9 @@
 `Admission.admit` runs with no await between its checks and its reservation, so concurrent
 creates on one event loop cannot both take the last slot. What an owner holds is summed
 from the service's view of the backend (its records) plus the creates still in flight
-here; a second replica's sandboxes count from its next reconcile on.
+here; a second replica's sandboxes count from its next reconcile on. A sandbox with no
+cpu or memory limit counts as `sizing.NoLimit` says, never as nothing (issue 31, hole 1).
+Snapshots are admitted here too (`admit_snapshot`): a count and a byte budget per owner.
 """
 
 from __future__ import annotations
@@ -17,14 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
+from orchard.env.backends.state_base import SnapshotRecord
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import CapacityExceeded, QuotaExceeded, RateLimited
 from orchard.env.limits import OwnerLimits
 from orchard.env.models import Usage
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.pool_store import holder
+from orchard.env.server.sizing import NoLimit, meminfo
+from orchard.env.server.sizing import no_limit as backend_no_limit
 
-LIVE = ("pending", "running")  # backend states that hold cpu and memory
+# Backend states that hold cpu and memory. A paused sandbox keeps its memory and gets its
+# cpu back at resume, which admits nothing: counted, or pausing (or a snapshot, which
+# freezes for a moment) made room for more than the quota (issue 31).
+LIVE = ("pending", "running", "paused")
 
 
 class TokenBucket:
@@ -50,11 +58,11 @@ class Held:
     cpu: float = 0.0
     memory: int = 0
 
-    def add(self, cpu: float | None, memory: int | None, live: bool = True) -> None:
+    def add(self, cpu: float, memory: int, live: bool = True) -> None:
         self.sandboxes += 1
         if live:
-            self.cpu += cpu or 0.0
-            self.memory += memory or 0
+            self.cpu += cpu
+            self.memory += memory
 
 
 def _num(x: float) -> str:
@@ -66,12 +74,26 @@ def _bytes(items: dict[str, str]) -> int:
 
 
 class Admission:
-    def __init__(self, config: ServiceConfig, metrics: Metrics, host_checks: bool) -> None:
+    def __init__(
+        self,
+        config: ServiceConfig,
+        metrics: Metrics,
+        host_checks: bool,
+        no_limit: NoLimit | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics
         self.host_checks = host_checks  # off for a cluster: the scheduler decides there
+        # What an unlimited cpu/memory counts as (None: the whole host, refused under a quota).
+        self.no_limit = no_limit or backend_no_limit(None)
         self._buckets: dict[str, TokenBucket] = {}
         self._reserved: dict[str, SandboxSpec] = {}  # creates in flight, by sandbox id
+        self._snapshotting: dict[str, int] = {}  # snapshots being taken, by owner
+
+    def _charge(self, cpu: float | None, memory: int | None) -> tuple[float, int]:
+        """What a sandbox of this size counts as: an unlimited one is never free."""
+        nl = self.no_limit
+        return (nl.cpu if cpu is None else cpu), (nl.memory if memory is None else memory)
 
     # ------------------------------------------------------------ what an owner holds
 
@@ -79,10 +101,10 @@ class Admission:
         held = Held()  # a warm pool's sandboxes count as its owner's (pool_store.holder)
         for rec in records:
             if holder(rec.owner) == owner and rec.id not in self._reserved:
-                held.add(rec.cpu, rec.memory_bytes, rec.state in LIVE)
+                held.add(*self._charge(rec.cpu, rec.memory_bytes), rec.state in LIVE)
         for spec in self._reserved.values():
             if holder(spec.owner) == owner:
-                held.add(spec.cpu, spec.memory_bytes)
+                held.add(*self._charge(spec.cpu, spec.memory_bytes))
         return held
 
     def usage(self, owner: str, records: Iterable[SandboxRecord]) -> Usage:
@@ -108,8 +130,43 @@ class Admission:
         self.metrics.refusals.labels(owner, limit).inc()
         raise err
 
-    def admit(self, specs: list[SandboxSpec], records: Iterable[SandboxRecord]) -> None:
-        """Reserve room for `specs` (one owner's, one create or one batch) or raise 429/503."""
+    def _over(self, owner: str, name: str, limit: float, holds: float, asked: float) -> None:
+        # Waiting helps only where the owner's own sandboxes (or snapshots) free the room.
+        details: dict[str, object] = {"limit": name, "value": limit, "held": holds}
+        if holds:
+            details["retry_after_s"] = 5.0
+        msg = f"over {name}={_num(limit)}: holds {_num(holds)}, asked for {_num(asked)} more"
+        if not holds:
+            msg = f"over {name}={_num(limit)}: asked for {_num(asked)}"
+        self._refuse(owner, QuotaExceeded(msg, details=details), name)
+
+    def check_size(self, spec: SandboxSpec) -> None:
+        """Refuse a sandbox with no cpu (memory) limit for an owner with a max_cpu
+        (max_memory): nothing it does could be held to the quota. Only an operator's
+        default of `none` makes one (a create's null is the default size: sizing.py)."""
+        if not self.no_limit.refused:
+            return
+        owner = holder(spec.owner)
+        lim = self.config.limits.of(owner)
+        for name, limit, what, value in (
+            ("max_cpu", lim.max_cpu, "cpu", spec.cpu),
+            ("max_memory", lim.max_memory, "memory", spec.memory_bytes),
+        ):
+            if value is None and limit is not None:
+                msg = (
+                    f"over {name}={_num(limit)}: this sandbox would have unlimited {what} "
+                    f"(the service's default {what} is none): give `{what}`"
+                )
+                err = QuotaExceeded(msg, details={"limit": name, "value": limit})
+                self._refuse(owner, err, name)
+
+    def admit(
+        self, specs: list[SandboxSpec], records: Iterable[SandboxRecord], *, reserve: bool = True
+    ) -> None:
+        """Reserve room for `specs` (one owner's, one create or one batch) or raise 429/503.
+
+        `reserve=False` only asks whether they would be admitted now (a fork, before it takes
+        its snapshot): no room is reserved and no create token taken."""
         if not specs:
             return
         owner = holder(specs[0].owner)
@@ -128,6 +185,8 @@ class Admission:
                     QuotaExceeded(f"a batch of {len(specs)} is over create_burst={burst}"),
                     "create_burst",
                 )
+            if not reserve:
+                return
             wait = bucket.take(len(specs))
             if wait > 0:
                 err = RateLimited(
@@ -136,6 +195,8 @@ class Admission:
                     details={"limit": "creates_per_second", "retry_after_s": wait},
                 )
                 self._refuse(owner, err, "creates_per_second")
+        if not reserve:
+            return
         for spec in specs:
             self._reserved[spec.id] = spec
 
@@ -159,8 +220,11 @@ class Admission:
         self, owner: str, lim: OwnerLimits, specs: list[SandboxSpec], held: Held
     ) -> None:
         n, first = len(specs), specs[0]
-        cpu = sum(s.cpu or 0.0 for s in specs)
-        memory = sum(s.memory_bytes or 0 for s in specs)
+        for spec in specs:
+            self.check_size(spec)
+        charges = [self._charge(s.cpu, s.memory_bytes) for s in specs]
+        cpu = sum(c for c, _ in charges)
+        memory = sum(m for _, m in charges)
         checks: list[tuple[str, float | int | None, float, float]] = [
             ("max_batch", lim.max_batch, n, 0),
             ("max_label_bytes", lim.max_label_bytes, _bytes(first.labels), 0),
@@ -171,16 +235,48 @@ class Admission:
         ]
         for name, limit, asked, holds in checks:
             if limit is not None and holds + asked > limit:
-                # Waiting helps only where the owner's own sandboxes free the room.
-                details: dict[str, object] = {"limit": name, "value": limit, "held": holds}
-                if holds:
-                    details["retry_after_s"] = 5.0
-                msg = (
-                    f"over {name}={_num(limit)}: holds {_num(holds)}, asked for {_num(asked)} more"
-                )
-                if not holds:
-                    msg = f"over {name}={_num(limit)}: asked for {_num(asked)}"
-                self._refuse(owner, QuotaExceeded(msg, details=details), name)
+                self._over(owner, name, limit, holds, asked)
+
+    # ------------------------------------------------------------ snapshots
+
+    def admit_snapshot(self, owner: str, snapshots: Iterable[SnapshotRecord]) -> None:
+        """Reserve one snapshot for `owner` (released by `release_snapshot`) or raise 429:
+        over max_snapshots, or max_snapshot_bytes full already. Its own size is known only
+        once it is taken: `check_snapshot_bytes` then."""
+        lim = self.config.limits.of(owner)
+        mine = [s for s in snapshots if s.owner == owner]
+        count = len(mine) + self._snapshotting.get(owner, 0)
+        size = sum(s.size_bytes for s in mine)
+        if lim.max_snapshots is not None and count + 1 > lim.max_snapshots:
+            self._over(owner, "max_snapshots", lim.max_snapshots, count, 1)
+        limit = lim.max_snapshot_bytes
+        if limit is not None and size >= limit:
+            msg = f"over max_snapshot_bytes={limit}: its snapshots hold {size} bytes already"
+            details = {"limit": "max_snapshot_bytes", "value": limit, "held": size}
+            err = QuotaExceeded(msg, details={**details, "retry_after_s": 5.0})
+            self._refuse(owner, err, "max_snapshot_bytes")
+        self._snapshotting[owner] = self._snapshotting.get(owner, 0) + 1
+
+    def release_snapshot(self, owner: str) -> None:
+        left = self._snapshotting.get(owner, 0) - 1
+        if left > 0:
+            self._snapshotting[owner] = left
+        else:
+            self._snapshotting.pop(owner, None)
+
+    def check_snapshot_bytes(
+        self, new: SnapshotRecord, snapshots: Iterable[SnapshotRecord]
+    ) -> None:
+        """A snapshot just taken, against its owner's byte budget with all it holds (the
+        caller removes it when this raises)."""
+        limit = self.config.limits.of(new.owner).max_snapshot_bytes
+        if limit is None:
+            return
+        held = sum(s.size_bytes for s in snapshots if s.owner == new.owner and s.id != new.id)
+        if held + new.size_bytes > limit:
+            self._over(new.owner, "max_snapshot_bytes", limit, held, new.size_bytes)
+
+    # ------------------------------------------------------------ the host
 
     def _check_host(self, owner: str, spec: SandboxSpec) -> None:
         why = host_shortage(self.config, spec)
@@ -191,16 +287,6 @@ class Admission:
 
 
 # ---------------------------------------------------------------- the host
-
-
-def _meminfo(name: str) -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(name + ":"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 _PIDS_TTL_S = 1.0  # listing /proc costs O(processes): a thousand sandboxes make thousands
@@ -225,7 +311,7 @@ def _pids_used() -> tuple[int, int] | None:
 
 def host_shortage(config: ServiceConfig, spec: SandboxSpec) -> str | None:
     """Why the host cannot take `spec` now (memory, disk, pids), or None."""
-    available = _meminfo("MemAvailable")
+    available = meminfo("MemAvailable")
     if available is not None and spec.memory_bytes:
         room = available - config.reserve_memory_bytes
         if spec.memory_bytes > room:

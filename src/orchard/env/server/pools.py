@@ -222,7 +222,8 @@ class PoolManager:
             template = SandboxCreate(image=body.image, **given)
         except ValidationError as e:
             raise InvalidRequest(f"invalid pool settings: {e.errors()[0]['msg']}") from None
-        sample = self.svc.build_spec(owner, template)
+        sample = self.svc.build_spec(owner, template)  # sized as a create is (sizing.py)
+        self.svc.admission.check_size(sample)  # its refills could never be admitted
         rec = PoolRecord(
             owner=owner,
             name=body.name,

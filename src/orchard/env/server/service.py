@@ -41,6 +41,7 @@ from orchard.env.server.admission import Admission
 from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.pools import PoolManager, check_not_batch
+from orchard.env.server.sizing import no_limit, size
 from orchard.env.server.state import expire_snapshots, paused_error, spec_from_snapshot
 from orchard.env.server.volumes import expire_volumes, resolve_mounts
 
@@ -49,6 +50,8 @@ log = logging.getLogger("orchard.service")
 
 # Labels the service reserves for itself on every sandbox.
 RESERVED_LABEL_PREFIX = "orchard."
+# ... and env names: the agent's own (its token); the backends refuse them too.
+RESERVED_ENV_PREFIX = "ORCHARD_AGENT_"
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Beyond any machine, and within the engine's int64 (2**70 came back as a Docker 500).
@@ -107,7 +110,8 @@ class SandboxService:
         self._failed: dict[str, float] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.last_reconcile_ok = True
-        self.admission = Admission(config, self.metrics, host_checks=backend.name != "kubernetes")
+        host = backend.name != "kubernetes"  # a cluster's scheduler decides there
+        self.admission = Admission(config, self.metrics, host, no_limit(backend))
         self.stopping = False  # asked to stop: no new creates, the running ones cancelled
         self._create_tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -255,14 +259,16 @@ class SandboxService:
     # ------------------------------------------------------------ create / delete
 
     def build_spec(self, owner: str, req: SandboxCreate) -> SandboxSpec:
+        """The spec of every path that makes a sandbox (create, batch, fork, from a snapshot,
+        a pool's refill, a claim): one place for what a create may carry and its size."""
         bad = [k for k in req.labels if k.startswith(RESERVED_LABEL_PREFIX)]
         if bad:
             raise InvalidRequest(f"label keys starting with 'orchard.' are reserved: {bad}")
+        if any(k.startswith(RESERVED_ENV_PREFIX) for k in req.env):
+            raise InvalidRequest(f"env names starting with {RESERVED_ENV_PREFIX} are reserved")
         sid = new_sandbox_id()
-        cpu = req.cpu if "cpu" in req.model_fields_set else self.config.default_cpu
-        memory = parse_memory(req.memory)
-        if "memory" not in req.model_fields_set:
-            memory = self.config.default_memory_bytes
+        host = self.admission.host_checks
+        cpu, memory = size(self.config, req.cpu, parse_memory(req.memory), host=host)
         return SandboxSpec(
             id=sid,
             owner=owner,

@@ -5,10 +5,15 @@ one it does not own is simply not found. What a backend cannot do answers 501
 `not_supported` (kubernetes: no freezer or commit through the pod API; docs/state.md).
 Clocks (docs/state.md): a paused sandbox's time to live keeps running (it is removed at
 its expiry, paused or not); its idle clock stops while paused and restarts on resume.
+Snapshots are admitted per owner (max_snapshots, max_snapshot_bytes: admission.py), and a
+fork is all or nothing: its copies are admitted before its snapshot is taken, and the
+snapshot goes again if the copies fail (issue 31, hole 10).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from datetime import UTC, datetime
 from typing import Protocol
@@ -26,6 +31,7 @@ from orchard.env.backends.state_base import (
 from orchard.env.backends.volume_base import mount_strings
 from orchard.env.errors import NotFound, NotSupported, SandboxPaused
 from orchard.env.models import BatchCreateResult, Sandbox, SandboxCreate
+from orchard.env.server.admission import Admission
 from orchard.env.state_models import (
     FileDiff,
     ForkRequest,
@@ -41,7 +47,9 @@ class SandboxService(Protocol):
     service can import this module without a cycle."""
 
     backend: Backend
+    admission: Admission
 
+    def records(self) -> list[SandboxRecord]: ...
     def build_spec(self, owner: str, req: SandboxCreate) -> SandboxSpec: ...
     async def create_batch(self, owner: str, req: SandboxCreate) -> BatchCreateResult: ...
     async def live_or_paused(self, owner: str, sandbox_id: str) -> SandboxRecord: ...
@@ -132,17 +140,9 @@ def to_model(rec: SnapshotRecord) -> Snapshot:
     )
 
 
-async def take_snapshot(
-    svc: SandboxService, owner: str, sandbox_id: str, body: SnapshotCreate
-) -> Snapshot:
-    backend = _snapshotting(svc)
-    rec = await svc.live_or_paused(owner, sandbox_id)
-    if body.memory:
-        await _memory_capable(svc)
-        # CRIU cannot dump a Unix connection whose other end is outside the sandbox.
-        await svc.drop_conn(sandbox_id)
-    now = time.time()
-    settings = SnapshotSettings(
+def _settings(rec: SandboxRecord) -> SnapshotSettings:
+    """What a snapshot of this sandbox keeps as the settings of sandboxes made from it."""
+    return SnapshotSettings(
         image=rec.image,
         cpu=rec.cpu,
         memory_bytes=rec.memory_bytes,
@@ -154,19 +154,54 @@ async def take_snapshot(
         labels=rec.labels,
         volumes=mount_strings(rec.volumes),
     )
-    snap = SnapshotRecord(
-        id=new_snapshot_id(),
-        owner=owner,
-        source=sandbox_id,
-        image=rec.image,
-        created_at=now,
-        expires_at=now + body.timeout_s,
-        settings=settings.model_dump(mode="json"),
-        name=body.name,
-        memory=body.memory,
-    )
-    snap = await backend.snapshot(sandbox_id, snap)
-    svc.touch(sandbox_id)
+
+
+async def _held(backend: Snapshotting) -> list[SnapshotRecord]:
+    """Every live snapshot (of every owner: admission picks the owner's)."""
+    now = time.time()
+    return [s for s in await backend.list_snapshots() if s.expires_at > now]
+
+
+async def _discard(backend: Snapshotting, snapshot_id: str) -> None:
+    with contextlib.suppress(Exception):  # what is left, the reconcile's sweep removes
+        await backend.delete_snapshot(snapshot_id)
+
+
+async def take_snapshot(
+    svc: SandboxService, owner: str, sandbox_id: str, body: SnapshotCreate
+) -> Snapshot:
+    backend = _snapshotting(svc)
+    rec = await svc.live_or_paused(owner, sandbox_id)
+    if body.memory:
+        await _memory_capable(svc)
+    # The list is read with no await before the reservation on docker and local (their
+    # snapshot stores are read synchronously), so concurrent snapshots cannot both pass.
+    svc.admission.admit_snapshot(owner, await _held(backend))
+    try:
+        if body.memory:
+            # CRIU cannot dump a Unix connection whose other end is outside the sandbox.
+            await svc.drop_conn(sandbox_id)
+        now = time.time()
+        snap = SnapshotRecord(
+            id=new_snapshot_id(),
+            owner=owner,
+            source=sandbox_id,
+            image=rec.image,
+            created_at=now,
+            expires_at=now + body.timeout_s,
+            settings=_settings(rec).model_dump(mode="json"),
+            name=body.name,
+            memory=body.memory,
+        )
+        snap = await backend.snapshot(sandbox_id, snap)
+        svc.touch(sandbox_id)
+        try:  # its size is known only now: over the byte budget, it goes at once
+            svc.admission.check_snapshot_bytes(snap, await _held(backend))
+        except BaseException:
+            await asyncio.shield(_discard(backend, snap.id))
+            raise
+    finally:
+        svc.admission.release_snapshot(owner)
     return to_model(snap)
 
 
@@ -205,12 +240,11 @@ async def expire_snapshots(svc: SandboxService) -> list[str]:
     return gone
 
 
-async def spec_from_snapshot(svc: SandboxService, owner: str, req: SandboxCreate) -> SandboxSpec:
-    """The spec of a create with `snapshot`: the snapshot's settings, unless overridden."""
-    snap = await _owned(svc, owner, str(req.snapshot))
-    settings = SnapshotSettings.model_validate(snap.settings)
+def _merged(settings: SnapshotSettings, image: str, req: SandboxCreate) -> SandboxCreate:
+    """A create from a snapshot: the snapshot's settings where the create gives none (a
+    null cpu or memory counts as not given: models.SandboxCreate)."""
     given = req.model_fields_set
-    update: dict[str, object] = {"image": snap.image}
+    update: dict[str, object] = {"image": image}
     for name in _INHERITED:
         if name not in given:
             update[name] = getattr(settings, name)
@@ -218,23 +252,42 @@ async def spec_from_snapshot(svc: SandboxService, owner: str, req: SandboxCreate
         update["memory"] = settings.memory_bytes
     if "disk" not in given:
         update["disk"] = settings.disk_bytes
-    merged = req.model_copy(update=update)
-    spec = svc.build_spec(owner, merged)
+    return req.model_copy(update=update)
+
+
+async def spec_from_snapshot(svc: SandboxService, owner: str, req: SandboxCreate) -> SandboxSpec:
+    """The spec of a create with `snapshot`: the snapshot's settings, unless overridden."""
+    snap = await _owned(svc, owner, str(req.snapshot))
+    settings = SnapshotSettings.model_validate(snap.settings)
+    spec = svc.build_spec(owner, _merged(settings, snap.image, req))
     return SandboxSpec(**{**spec.__dict__, "snapshot_id": snap.id})
 
 
 async def fork(svc: SandboxService, owner: str, sandbox_id: str, body: ForkRequest) -> ForkResult:
-    """One snapshot, then `count` sandboxes from it (as a batch create)."""
-    name = body.name or f"fork of {sandbox_id}"
-    asked = SnapshotCreate(name=name, timeout_s=body.snapshot_timeout_s, memory=body.memory)
-    snap = await take_snapshot(svc, owner, sandbox_id, asked)
-    fields: dict[str, object] = {"snapshot": snap.id, "count": body.count, "wait": body.wait}
+    """One snapshot, then `count` sandboxes from it (as a batch create), all or nothing."""
+    backend = _snapshotting(svc)
+    rec = await svc.live_or_paused(owner, sandbox_id)
+    fields: dict[str, object] = {"count": body.count, "wait": body.wait}
     for name in ("timeout_s", "labels", "network"):
         if getattr(body, name) is not None:
             fields[name] = getattr(body, name)
     if body.env:
         fields["env"] = body.env
-    batch = await svc.create_batch(owner, SandboxCreate.model_validate(fields))
+    # The copies, as they will be, are admitted first: a fork refused (over max_batch, a
+    # quota, the create rate's burst) takes no snapshot. (Only asked: the batch admits.)
+    one = SandboxCreate.model_validate({**fields, "image": rec.image, "count": 1})
+    copy = svc.build_spec(owner, _merged(_settings(rec), rec.image, one))
+    svc.admission.admit([copy] * body.count, svc.records(), reserve=False)
+    name = body.name or f"fork of {sandbox_id}"
+    asked = SnapshotCreate(name=name, timeout_s=body.snapshot_timeout_s, memory=body.memory)
+    snap = await take_snapshot(svc, owner, sandbox_id, asked)
+    try:
+        batch = await svc.create_batch(
+            owner, SandboxCreate.model_validate({**fields, "snapshot": snap.id})
+        )
+    except BaseException:  # refused, failed or cancelled: no copy is left, nor the snapshot
+        await asyncio.shield(_discard(backend, snap.id))
+        raise
     return ForkResult(snapshot=snap, sandboxes=batch.sandboxes, errors=batch.errors)
 
 
