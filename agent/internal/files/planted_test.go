@@ -178,6 +178,14 @@ func TestWritesFollowLinksTheirOwnersCouldWriteThrough(t *testing.T) {
 		t.Fatalf("mkdir through a root link: %d %s", code, body)
 	}
 
+	reg := tEntry{name: "from-tar", typ: tar.TypeReg, mode: 0o644, body: "tar"}
+	if code, body := tarUpload(c, filepath.Join(f.pub, "bin"), []tEntry{reg}); code != 200 {
+		t.Fatalf("tar through a root link: %d %s", code, body)
+	}
+	if b, _ := os.ReadFile(filepath.Join(usr, "bin", "from-tar")); string(b) != "tar" {
+		t.Fatalf("from-tar = %q", b)
+	}
+
 	// nobody's link to nobody's own folder and file.
 	home := f.nobodyDir(t, "home")
 	proj := filepath.Join(home, "proj")
@@ -235,12 +243,29 @@ func TestWritesFollowLinksTheirOwnersCouldWriteThrough(t *testing.T) {
 	if code, body := c.post("/files/remove", map[string]any{"path": cfg + ".moved", "recursive": true}); code != 204 {
 		t.Fatalf("remove a planted folder link recursively: %d %s", code, body)
 	}
+	// A recursive remove of a tree holding planted links removes the links only.
+	f.plant(t, "tree/a/etc", f.etc, nobody)
+	f.plant(t, "tree/passwd", f.passwd, nobody)
+	if code, body := c.post("/files/remove", map[string]any{"path": filepath.Join(f.pub, "tree"), "recursive": true}); code != 204 {
+		t.Fatalf("remove a tree of planted links: %d %s", code, body)
+	}
 	f.plant(t, "up/passwd", f.passwd, nobody)
-	reg := tEntry{name: "passwd", typ: tar.TypeReg, mode: 0o644, body: "tar"}
+	reg = tEntry{name: "passwd", typ: tar.TypeReg, mode: 0o644, body: "tar"}
 	if code, body := tarUpload(c, filepath.Join(f.pub, "up"), []tEntry{reg}); code != 200 {
 		t.Fatalf("tar over a planted link: %d %s", code, body)
 	}
 	f.unchanged(t)
+}
+
+// A link loop on the way is a 400 (ELOOP), as the kernel would say.
+func TestWriteThroughALinkLoop(t *testing.T) {
+	c := newClient(t)
+	dir := t.TempDir()
+	must(t, os.Symlink("b", filepath.Join(dir, "a")))
+	must(t, os.Symlink("a", filepath.Join(dir, "b")))
+	if code, body := c.write(filepath.Join(dir, "a", "x"), []byte("x")); code != 400 || errCode(t, body) != "bad_request" {
+		t.Fatalf("write through a loop: %d %s", code, body)
+	}
 }
 
 // A refusal says which link and why, in words a caller can act on.
