@@ -108,16 +108,24 @@ class ArchiveView:
 
     async def entry(self, parent: tuple[str, ...], name: str) -> Entry:
         path = "/" + "/".join((*parent, name))
+        route = f"containers/{self.container_id}/archive"
         async with engine("look at a path in the image"):
-            try:
-                async with self.docker._query(
-                    f"containers/{self.container_id}/archive", method="HEAD", params={"path": path}
-                ) as response:
-                    raw = response.headers.get("X-Docker-Container-Path-Stat", "")
-            except DockerError as e:
-                if e.status == 404:
-                    return "missing", ""
-                raise
+            # HEAD: its answer has no body, which aiodocker cannot turn into an error.
+            url = self.docker._canonicalize_url(route)
+            async with self.docker.session.head(url, params={"path": path}) as response:
+                status = response.status
+                raw = response.headers.get("X-Docker-Container-Path-Stat", "")
+            if status == 404:
+                return "missing", ""
+            if status != 200:  # a GET says why, in its body
+                try:
+                    async with self.docker._query(route, params={"path": path}):
+                        pass
+                except DockerError as e:
+                    if "too many links" in str(e.message):  # the engine's walk gave up
+                        return "loop", ""
+                    raise
+                raise DockerError(status, f"HEAD {route}?path={path}")
         st = json.loads(base64.b64decode(raw)) if raw else {}
         mode = int(st.get("mode") or 0)
         if mode & _GO_MODE_SYMLINK:

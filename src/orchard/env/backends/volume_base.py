@@ -219,9 +219,11 @@ RESERVED_TARGETS = ("/.orchard", "/proc", "/sys", "/dev")
 # Files the backends mount themselves (read-only): a volume there cannot replace them.
 RUNTIME_FILES = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
 MAX_SYMLINKS = 40  # as the kernel's own path walk (ELOOP)
+MAX_LOOKUPS = 256  # path components looked up per target (an engine's walk: a request each)
 # What a rootfs holds at a path: a directory, a symlink (and its target), anything else
-# (a file, a device...), or nothing (the runtime makes the missing folders of a target).
-Entry = tuple[Literal["dir", "symlink", "other", "missing"], str]
+# (a file, a device...), nothing (the runtime makes the missing folders of a target), or
+# a symlink whose resolution loops (as an engine that resolves links itself reports).
+Entry = tuple[Literal["dir", "symlink", "other", "missing", "loop"], str]
 
 
 def bad_mount(target: str, reason: str, message: str) -> InvalidMount:
@@ -307,10 +309,12 @@ class LayerView:
 async def resolve_target(view: RootfsView, target: str) -> str:
     """Where a runtime mounts `target` in this rootfs: every symlink on the way followed
     with the rootfs as `/` (absolute links restart there, `..` stops there), as runc's
-    and Docker's scoped path walks do. Raises 422 for a loop or a non-folder on the way."""
+    and Docker's scoped path walks do. Raises 422 `invalid_mount` for a path that reaches
+    the runtime's (`reserved`, checked at each step), a loop, a non-folder on the way, or
+    a path over MAX_LOOKUPS components."""
     todo = [p for p in reversed(target.split("/")) if p]
     done: list[str] = []
-    links = 0
+    links = lookups = 0
     while todo:
         name = todo.pop()
         if name == ".":
@@ -319,19 +323,32 @@ async def resolve_target(view: RootfsView, target: str) -> str:
             if done:
                 done.pop()
             continue
+        lookups += 1
+        if lookups > MAX_LOOKUPS:
+            raise bad_mount(target, "invalid", "its path in the image is too deep")
         kind, link = await view.entry(tuple(done), name)
         if kind == "symlink":
             links += 1
-            if links > MAX_SYMLINKS:
-                raise bad_mount(target, "symlink_loop", "too many symbolic links in the image")
+        if kind == "loop" or links > MAX_SYMLINKS:
+            raise bad_mount(target, "symlink_loop", "too many symbolic links in the image")
+        if kind == "symlink":
             if link.startswith("/"):
                 done = []
             todo += [p for p in reversed(link.split("/")) if p]
             continue
-        if kind == "other":
-            where = "/" + "/".join([*done, name])
-            raise bad_mount(target, "not_a_directory", f"{where[:80]!r} is not a folder")
         done.append(name)
+        where = "/" + "/".join(done)
+        owner = reserved_by(where)
+        if owner is not None:  # checked on the way: what lies below is the runtime's
+            raise bad_mount(
+                target,
+                "reserved",
+                f"leads to {where[:80]!r} in the image: {owner} is the runtime's",
+            )
+        if kind == "other":
+            raise bad_mount(target, "not_a_directory", f"{where[:80]!r} is not a folder")
+    if not done:
+        raise bad_mount(target, "reserved", "leads to the root of the image")
     return "/" + "/".join(done)
 
 
@@ -341,17 +358,7 @@ async def resolve_mounts(
     """Each mount with the path it lands on, parents first; refused (422 `invalid_mount`)
     when that path is the runtime's (reason `reserved`), or one lands in another (`nested`):
     a mount point made inside a volume would follow symlinks its files hold."""
-    out = []
-    for m in mounts:
-        where = await resolve_target(view, m.target)
-        owner = reserved_by(where)
-        if owner is not None:
-            raise bad_mount(
-                m.target,
-                "reserved",
-                f"leads to {where[:80]!r} in the image: {owner} is the runtime's",
-            )
-        out.append((m, where))
+    out = [(m, await resolve_target(view, m.target)) for m in mounts]
     out.sort(key=lambda mw: mw[1])
     for i, (inner, b) in enumerate(out):  # at most 16: every pair
         for outer, a in out[:i]:
