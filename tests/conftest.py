@@ -166,6 +166,9 @@ def tmp_state_dir() -> Iterator[Path]:
     try:
         yield path
     finally:
+        # The agents' sockets tmpfs (agent_socket.py) outlives a service killed mid-test.
+        if os.path.ismount(path / "sockets"):
+            subprocess.run(["umount", "-l", str(path / "sockets")], check=False)
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -16,9 +16,11 @@ import stat
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from orchard.env.backends import agent_socket
 from orchard.env.backends.agent_socket import SOCKETS_DIR, TMPFS_BYTES
 from orchard.env.backends.docker_mounts import LOG_MAX_FILES
 from orchard.env.backends.volume_base import tree_bytes
@@ -151,3 +153,22 @@ async def test_etc_files_follow_the_network(backend: AnyBackend, boxes: MakeBox)
     hosts = (await networked.sh("cat /etc/hosts"))[1]
     assert f"{await networked.ip()}\t{name.strip()}\n" in hosts
     assert "nameserver" in (await networked.sh("cat /etc/resolv.conf"))[1]
+
+
+async def test_a_service_that_may_not_mount_says_so_and_still_works(
+    harness: Harness, busybox_image: str, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """Not root (rootless Docker): no tmpfs, the folders on the state dir's disk as before,
+    and a warning that names the way out (an operator-mounted tmpfs)."""
+
+    def refused(*args: object, **kw: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(agent_socket, "mount", refused)
+    spec = make_spec(busybox_image)
+    async with owned(harness.make()) as backend:
+        rec = await backend.create(spec)
+        async with await ready(rec, spec) as agent:
+            assert (await agent.exec("echo on")).stdout == "on\n"
+        assert _mount_points(harness.state_dir) == []
+    assert "cannot mount the agents' sockets tmpfs" in caplog.text

@@ -63,9 +63,11 @@ def tmpfs_device(root: Path) -> int | None:
     return st.st_dev
 
 
-def mount_tmpfs(root: Path) -> int:
+def mount_tmpfs(root: Path) -> int | None:
     """The device of the sockets tmpfs at `root`, mounted first if there is none (under a
-    lock beside it, so two services over one state dir never mount it twice)."""
+    lock beside it, so two services over one state dir never mount it twice). None when
+    this process may not mount (not root: rootless Docker): the folders are then on the
+    state dir's disk, unbounded, as the caller warns, unless the operator mounts one."""
     root.mkdir(mode=0o700, exist_ok=True)
     with open(root.with_name(root.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -74,10 +76,11 @@ def mount_tmpfs(root: Path) -> int:
             options = f"size={TMPFS_BYTES},nr_inodes=0,mode=0700"
             try:
                 mount("tmpfs", root, "tmpfs", options, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            except PermissionError:
+                return None
             except OSError as exc:
-                why = f"{exc} (the service needs root, or a tmpfs mounted at {root})"
                 raise hidden(
-                    Unavailable, "cannot make the agents' socket folder", why, log
+                    Unavailable, "cannot make the agents' socket folder", str(exc), log
                 ) from exc
             dev = tmpfs_device(root)
             if dev is None:

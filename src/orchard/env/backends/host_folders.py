@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import logging
 import os
 import shutil
 import time
@@ -24,6 +25,8 @@ from orchard.env.backends.base import AgentEndpoint, SandboxSpec
 from orchard.env.backends.meta_files import read_meta, write_meta
 from orchard.env.errors import InvalidRequest
 from orchard.env.network import sandbox_tag
+
+log = logging.getLogger("orchard.host_folders")
 
 RUN_DIR = "/.orchard/run"
 SOCKET_NAME = "agent.sock"
@@ -37,6 +40,7 @@ class HostFolders:
     state_dir: Path
     _creating: set[str]
     _sockets_dev: int | None = None  # the sockets tmpfs's device, once mounted or found
+    _sockets_on_disk = False  # this process may not mount it (warned once)
 
     async def delete(self, sandbox_id: str) -> None: ...
 
@@ -88,8 +92,16 @@ class HostFolders:
         with contextlib.suppress(OSError):
             if dev is not None and os.stat(root).st_dev != dev:
                 dev = None  # unmounted since (another backend's close over this state dir)
-        if dev is None:
+        if dev is None and not self._sockets_on_disk:
             dev = self._sockets_dev = agent_socket.mount_tmpfs(root)
+            if dev is None:
+                self._sockets_on_disk = True
+                log.warning(
+                    "cannot mount the agents' sockets tmpfs at %s (not root): sandboxes can "
+                    "write to their socket folder on the state dir's disk without bound; "
+                    "mount a small tmpfs there (docs/backends.md)",
+                    root,
+                )
         box, folder = self._box(sandbox_id), root / sandbox_id
         box.mkdir(mode=0o700)
         box.chmod(0o700)  # not subject to the umask
