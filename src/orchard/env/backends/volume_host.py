@@ -3,7 +3,10 @@
 Both keep volumes the same way (`volume_base.VolumeStore` under the state dir) and bind-
 mount a volume's `data/` folder at its target: local through the OCI spec's bind mounts
 (read-only ones remounted `ro` by runc), docker through `HostConfig.Mounts` of type
-`bind` (which, unlike `Binds`, refuses a missing source instead of creating it). A
+`bind` (which, unlike `Binds`, refuses a missing source instead of creating it). Each
+is mounted where its target leads in the sandbox's image, its symlinks followed there
+(volume_base.resolve_mounts), never at the target as written, which a runtime would
+follow onto its own paths (/.orchard, /dev, /proc/sys: issue 31, hole 8). A
 sandbox's mounts are recorded in its `meta.json` (docker: also its labels) before
 anything is mounted, which is what `volume_users` reads: a delete racing a create either
 sees the create's mounts (409) or the create finds the volume gone (404), never both.
