@@ -6,7 +6,8 @@
 Harbor (the Terminal-Bench 2 / SWE-bench runner) needs Python >= 3.12; `scripts/setup.sh`
 makes `.venv-harbor` with Harbor and Orchard in it. Each trial gets one sandbox:
 the task's `docker_image`, or its `environment/Dockerfile` built on the local Docker engine
-(offline when its base image is local) and reused by content tag. cpu/memory, the network
+(offline when its base image is local), reused by content tag and labelled with the key's
+owner (the service runs it for that owner only: image_policy.Ownership). cpu/memory, the network
 policy (no-network, allowlist of hosts/IPs/CIDRs, public, changed between phases), exec with
 cwd/env/user/timeout and file/folder transfer all map onto the SDK. Options (`--ek k=v`):
 `url`, `api_key` (else ORCHARD_URL / ORCHARD_API_KEY, else an in-process service on the
@@ -32,6 +33,7 @@ from harbor.models.task.config import NetworkMode, NetworkPolicy  # type: ignore
 
 from orchard import AsyncOrchard
 from orchard.env.errors import InvalidRequest
+from orchard.env.image_policy import OWNER_LABEL
 from orchard.integrations._common import label_value, labels_for
 
 __all__ = ["OrchardEnvironment", "OrchardOptions", "build_image"]
@@ -52,9 +54,16 @@ class OrchardOptions(EnvironmentOptions):  # type: ignore[misc]
     timeout_s: float = 4 * 3600.0
 
 
-def build_image(environment_dir: Path, name: str, *, force: bool = False) -> str:
-    """Build `environment_dir/Dockerfile` on the local engine; tag by content, reuse the tag."""
-    digest = hashlib.sha256()
+def build_image(
+    environment_dir: Path, name: str, *, force: bool = False, owner: str | None = None
+) -> str:
+    """Build `environment_dir/Dockerfile` on the local engine; tag by content, reuse the tag.
+
+    With `owner` the build is labelled `orchard.owner`, and the service runs it for that
+    owner only (image_policy.Ownership); the owner is part of the tag, so two owners'
+    builds of one task never share an image.
+    """
+    digest = hashlib.sha256(f"{owner or ''}\0".encode())
     for path in sorted(p for p in environment_dir.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(environment_dir)).encode() + b"\0")
         digest.update(path.read_bytes())
@@ -63,8 +72,9 @@ def build_image(environment_dir: Path, name: str, *, force: bool = False) -> str
     exists = subprocess.run(["docker", "image", "inspect", tag], capture_output=True, check=False)
     if exists.returncode == 0 and not force:
         return tag
+    label = ["--label", f"{OWNER_LABEL}={owner}"] if owner else []
     proc = subprocess.run(
-        ["docker", "build", "-q", "-t", tag, str(environment_dir)],
+        ["docker", "build", "-q", *label, "-t", tag, str(environment_dir)],
         capture_output=True,
         text=True,
         check=False,
@@ -128,14 +138,19 @@ class OrchardEnvironment(BaseEnvironment):  # type: ignore[misc]
     async def start(self, force_build: bool) -> None:
         image = self.task_env_config.docker_image
         has_dockerfile = (Path(self.environment_dir) / "Dockerfile").is_file()
-        if not image or (force_build and has_dockerfile):
-            image = await asyncio.to_thread(
-                build_image, Path(self.environment_dir), self.environment_name, force=force_build
-            )
         opts: OrchardOptions = self.options
         self._client = await asyncio.to_thread(AsyncOrchard, opts.url, opts.api_key)
         memory_mb = self._effective_memory_mb
         try:
+            if not image or (force_build and has_dockerfile):
+                owner = (await self._client.usage()).owner  # the build runs for this key only
+                image = await asyncio.to_thread(
+                    build_image,
+                    Path(self.environment_dir),
+                    self.environment_name,
+                    force=force_build,
+                    owner=owner,
+                )
             self._sandbox = await self._client.sandboxes.create(
                 image,
                 cpu=self._effective_cpus,

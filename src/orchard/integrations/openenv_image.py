@@ -13,7 +13,9 @@ registry; here nothing is pulled. The image is Debian minbase with python3
 
 The image runs `uvicorn <app> --host 0.0.0.0 --port 8000`, as OpenEnv images do. Tags are
 content hashes of the recipe, the base, the folder and every installed distribution's
-version, so an image is built once and reused by every later call.
+version, so an image is built once and reused by every later call. With `owner` (the
+owner of the API key that will run it; `--owner`) the image is labelled `orchard.owner`
+and a service runs it for that owner only (image_policy.Ownership); without, any key may.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchard.env.image_policy import OWNER_LABEL
 from orchard.env.images import ImageBuildError, debian_python_image, image_exists
 
 __all__ = ["DEFAULT_APP", "DEFAULT_EXCLUDE", "SERVER_PORT", "server_image"]
@@ -139,7 +142,7 @@ def _python_minor(image: str) -> str:
     return proc.stdout.strip()
 
 
-def _dockerfile(base: str, app: str, key: str) -> str:
+def _dockerfile(base: str, app: str, key: str, owner: str | None) -> str:
     cmd = ["python3", "-m", "uvicorn", app, "--host", "0.0.0.0", "--port", str(SERVER_PORT)]
     return "\n".join(
         [
@@ -151,6 +154,7 @@ def _dockerfile(base: str, app: str, key: str) -> str:
             f"WORKDIR {APP_DIR}",
             f"EXPOSE {SERVER_PORT}",
             f'LABEL orchard.openenv.build="{key}"',
+            *([f"LABEL {OWNER_LABEL}={json.dumps(owner)}"] if owner else []),
             "CMD " + json.dumps(cmd),
             "",
         ]
@@ -165,6 +169,7 @@ def server_image(
     exclude: Sequence[str] = DEFAULT_EXCLUDE,
     include: Sequence[str] = (),
     force: bool = False,
+    owner: str | None = None,
 ) -> str:
     """Return the tag of an OpenEnv server image for `env_dir` (built offline, then reused).
 
@@ -174,6 +179,7 @@ def server_image(
     :param exclude: top-level packages to leave out (imported only if present)
     :param include: modules to add that the server imports only later (at a request)
     :param force: build again even when the tag exists
+    :param owner: the only owner a service runs it for (default: any)
     :return: the image tag, `orchard-openenv/<folder name>:<content hash>`
     """
     folder = Path(env_dir).resolve()
@@ -191,6 +197,7 @@ def server_image(
                 sys.version,
                 _tree_digest(folder),
                 _installed(),
+                *([f"owner={owner}"] if owner else []),
             ]
         ).encode()
     ).hexdigest()[:16]
@@ -210,7 +217,7 @@ def server_image(
         ctx = Path(tmp)
         _copy_site(_closure(folder, app, exclude, include), ctx / "site")
         shutil.copytree(folder, ctx / "env", ignore=shutil.ignore_patterns(*_SKIP, "*.pyc"))
-        (ctx / "Dockerfile").write_text(_dockerfile(base, app, key))
+        (ctx / "Dockerfile").write_text(_dockerfile(base, app, key, owner))
         proc = subprocess.run(
             ["docker", "build", "-q", "-t", tag, str(ctx)],
             env={**os.environ, "DOCKER_BUILDKIT": "0"},
@@ -242,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--include", action="append", default=[], help="a module the server imports later"
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if the tag exists")
+    parser.add_argument("--owner", help="run only for this owner's API key (default: any)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     try:
@@ -254,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 exclude=exclude,
                 include=args.include,
                 force=args.force,
+                owner=args.owner,
             )
         )
     except ImageBuildError as e:
