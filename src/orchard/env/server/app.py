@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,11 +10,10 @@ from fastapi import FastAPI
 from orchard._version import __version__
 from orchard.env.backends import Backend, make_backend
 from orchard.env.config import ServiceConfig
-from orchard.env.server import e2b
 from orchard.env.server.errors import install_error_handlers
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.middleware import ExecFastPath, JsonBodyLimit
-from orchard.env.server.redact import REDACT, URL_LOGGERS
+from orchard.env.server.redact import install as install_redaction
 from orchard.env.server.routes import ROUTERS
 from orchard.env.server.service import SandboxService
 
@@ -26,9 +24,8 @@ def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Added here, after uvicorn configured its loggers (it is idempotent).
-        for name in URL_LOGGERS:
-            logging.getLogger(name).addFilter(REDACT)
+        # Installed here, after uvicorn configured its loggers and handlers (idempotent).
+        install_redaction([*config.api_keys, config.secret])
         try:
             service = SandboxService(config, backend or make_backend(config), metrics)
             await service.start()
@@ -55,5 +52,4 @@ def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI
     app.add_middleware(JsonBodyLimit, metrics=metrics)  # outermost: bounds the fast path too
     for router in ROUTERS:
         app.include_router(router)
-    app.include_router(e2b.router)  # E2B's API beside Orchard's (docs/e2b.md)
     return app
