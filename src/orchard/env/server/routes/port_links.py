@@ -2,10 +2,16 @@
 
 A page served through `.../ports/{port}/?orchard_key=...` has the API key in its URL, so
 its Referer and its scripts carry it. A link instead puts a token in the path prefix:
-`/p/{sandbox}.{port}.{expiry}.{mac}/...`, the MAC an HMAC-SHA256 of the service secret
-over the sandbox, port, expiry and owner. It opens nothing else and expires by itself;
-any replica can check it (nothing is stored). An invalid, expired or foreign token is a
-404, like an unknown sandbox.
+`/p/{sandbox}.{port}.{expiry}.{tag}{mac}/...`: `tag` names the owner (an HMAC of the
+service secret over the owner: 16 hex digits), `mac` is an HMAC-SHA256 of the secret over
+the sandbox, port, expiry and tag. It opens nothing else and expires by itself; any
+replica can check it (nothing is stored). An invalid, expired or foreign token is a 404,
+like an unknown sandbox.
+
+The MAC is checked first, in constant time and with no lookup, so a forged token costs
+the same whether its sandbox exists or not (issue 31, hole 5); only a genuine token looks
+the sandbox up, and its owner must still be the tag's (a sandbox id another owner holds
+now, or a link minted by another tenant for it, is a 404).
 """
 
 from __future__ import annotations
@@ -29,9 +35,20 @@ router = APIRouter(responses=ERRORS, tags=["ports"])
 LINK = "/p/{token}/{path:path}"
 
 
-def _mac(svc: SandboxService, sid: str, port: int, exp: int, owner: str) -> str:
-    msg = f"port-link\0{sid}\0{port}\0{exp}\0{owner}".encode()
-    return hmac.new(svc.config.secret, msg, hashlib.sha256).hexdigest()[:32]
+TAG_HEX, MAC_HEX = 16, 32
+
+
+def _hmac(svc: SandboxService, *parts: object) -> str:
+    msg = "\0".join(map(str, parts)).encode()
+    return hmac.new(svc.config.secret, msg, hashlib.sha256).hexdigest()
+
+
+def _tag(svc: SandboxService, owner: str) -> str:
+    return _hmac(svc, "port-link-owner", owner)[:TAG_HEX]
+
+
+def _mac(svc: SandboxService, sid: str, port: int, exp: int, tag: str) -> str:
+    return _hmac(svc, "port-link", sid, port, exp, tag)[:MAC_HEX]
 
 
 @router.post(SB + "/port-links", status_code=201, response_model=PortLink)
@@ -41,21 +58,31 @@ async def create_port_link(
     """A link to `port` of this sandbox for `ttl_s` seconds, usable without the API key."""
     await svc.get(owner, sandbox_id)
     exp = int(time.time() + body.ttl_s)
-    token = f"{sandbox_id}.{body.port}.{exp}.{_mac(svc, sandbox_id, body.port, exp, owner)}"
+    tag = _tag(svc, owner)
+    token = f"{sandbox_id}.{body.port}.{exp}.{tag}{_mac(svc, sandbox_id, body.port, exp, tag)}"
     return PortLink(url=f"/p/{token}/", token=token, expires_at=datetime.fromtimestamp(exp, UTC))
 
 
+def _number(text: str, digits: int) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= digits else None
+
+
 async def _resolve(svc: SandboxService, token: str) -> tuple[str, str, int]:
-    """(owner, sandbox id, port) of a valid token, else NotFound."""
+    """(owner, sandbox id, port) of a valid token, else NotFound.
+
+    The MAC first (constant time, no lookup), then the expiry, then the owner."""
     sid, _, rest = token.partition(".")
     port_s, _, rest = rest.partition(".")
-    exp_s, _, mac = rest.partition(".")
+    exp_s, _, sig = rest.partition(".")
+    tag, mac = sig[:TAG_HEX], sig[TAG_HEX:]
+    port, exp = _number(port_s, 5), _number(exp_s, 12)
     gone = NotFound("no such port link (or it expired)")
-    if not (port_s.isdigit() and exp_s.isdigit() and mac) or int(exp_s) < time.time():
+    if port is None or exp is None or len(mac) != MAC_HEX or not sig.isascii():
+        raise gone
+    if not hmac.compare_digest(_mac(svc, sid, port, exp, tag), mac) or exp < time.time():
         raise gone
     owner = await svc.owner_of(sid)
-    port, exp = int(port_s), int(exp_s)
-    if owner is None or not hmac.compare_digest(_mac(svc, sid, port, exp, owner), mac):
+    if owner is None or not hmac.compare_digest(_tag(svc, owner), tag):
         raise gone
     return owner, sid, port
 
