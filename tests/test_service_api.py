@@ -23,6 +23,7 @@ from orchard.env.server import EmbeddedService
 from orchard.env.server.service import parse_memory
 
 KEY_A, KEY_B = "key-alice-0123456789", "key-bob-0123456789"
+KEY_OPS = "key-ops-0123456789"  # an operator's: /metrics and /healthz of the whole service
 MAX_UPLOAD = 256 * 1024
 
 # A tiny HTTP + WebSocket echo server (stdlib only) for the port proxy tests.
@@ -165,7 +166,8 @@ def service(
 ) -> Iterator[EmbeddedService]:
     cfg = ServiceConfig(
         state_dir=tmp_path_factory.mktemp("state"),
-        api_keys={KEY_A: "alice", KEY_B: "bob"},
+        api_keys={KEY_A: "alice", KEY_B: "bob", KEY_OPS: "ops"},
+        operators=frozenset({"ops"}),
         agent_binary=str(agent_binary),
         reconcile_interval_s=1.0,
         max_upload_bytes=MAX_UPLOAD,
@@ -418,13 +420,21 @@ def test_metrics_and_health(service: EmbeddedService, alice: httpx.Client, sandb
         # Issue 17, hole 10: counts and metrics only with a key; liveness stays bare.
         assert anon.get("/metrics").status_code == 401
         assert set(anon.get("/healthz").json()) == {"status", "version"}
-    text = alice.get("/metrics").text
-    health = alice.get("/healthz").json()
+    with _client(service, KEY_OPS) as ops:  # an operator's key: the whole service
+        text = ops.get("/metrics").text
+        health = ops.get("/healthz").json()
     assert 'orchard_sandboxes{state="ready"}' in text
     assert "orchard_exec_seconds_bucket" in text
     assert 'orchard_errors_total{code="unauthorized"}' in text
     assert 'orchard_sandbox_creates_total{outcome="ok"}' in text
+    assert 'orchard_owner_sandboxes{owner="alice"}' in text
     assert health["backend"] == "docker" and health["sandboxes"] >= 1
+    # A tenant's key (issue 31, hole 6): its own figures only, never another owner's.
+    mine = alice.get("/metrics").text
+    assert 'orchard_owner_sandboxes{owner="alice"}' in mine and 'owner="bob"' not in mine
+    assert 'orchard_sandboxes{state="ready"}' in mine and "orchard_exec_seconds" not in mine
+    own = len(alice.get("/v1/sandboxes").json()["sandboxes"])
+    assert alice.get("/healthz").json()["sandboxes"] == own >= 1
     spec = alice.get("/openapi.json").json()
     assert "SandboxCreate" in spec["components"]["schemas"]
     assert "/v1/sandboxes/{sandbox_id}/exec" in spec["paths"]

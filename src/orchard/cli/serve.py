@@ -17,6 +17,7 @@ serve_app = typer.Typer()
         "orchard serve                          # http://127.0.0.1:8080, no auth",
         "orchard serve --uds /tmp/orchard.sock  # a Unix socket",
         "ORCHARD_API_KEYS=alice:s3cret orchard serve --host 0.0.0.0",
+        "ORCHARD_API_KEYS=alice:s3cret,ops:t0ps orchard serve --operator ops",
         "orchard serve --limits limits.yaml     # per-key quotas (docs/security.md)",
         "orchard serve --backend local --local-runtime runc  # memory snapshots (CRIU)",
     )
@@ -50,7 +51,18 @@ def serve(
             show_default=False,
         ),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    operator: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An owner (the NAME of a NAME:KEY in $ORCHARD_API_KEYS or the keys file) whose "
+            "key sees the whole service in /metrics and /healthz; repeat for several. Any "
+            "other key sees its own figures only. Default: $ORCHARD_OPERATORS (comma list).",
+            show_default=False,
+        ),
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option(help="uvicorn log level (no level logs an API key).")
+    ] = "info",
 ) -> None:
     """Run the Orchard service (REST API) until interrupted."""
     from orchard.env.config import ConfigError, ServiceConfig
@@ -63,6 +75,8 @@ def serve(
         env = dict(os.environ)
         if limits:
             env["ORCHARD_LIMITS"] = limits
+        if operator:
+            env["ORCHARD_OPERATORS"] = ",".join(operator)
         config = ServiceConfig.from_env(env, backend=backend, local_runtime=local_runtime)
         run_service(config, host=host, port=port, uds=uds, log_level=log_level)
     except ConfigError as exc:

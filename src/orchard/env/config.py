@@ -125,6 +125,9 @@ class ServiceConfig:
     # below `reserve_disk_bytes`, or the host's pids are over 90% used.
     reserve_memory_bytes: int = 256 << 20
     reserve_disk_bytes: int = 1 << 30
+    # Owners whose keys see the whole service in /metrics and /healthz (every owner's
+    # figures); any other key sees its own only (ORCHARD_OPERATORS, `serve --operator`).
+    operators: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -148,6 +151,10 @@ class ServiceConfig:
             raise ConfigError(f"default cpu must be at least {MIN_CPU}")
         if self.default_memory_bytes is not None and self.default_memory_bytes < 4 << 20:
             raise ConfigError("default memory must be at least 4 MiB")
+        self.operators = frozenset(self.operators)
+        unknown = sorted(self.operators - set(self.api_keys.values())) if self.api_keys else []
+        if unknown:
+            raise ConfigError(f"operators {unknown} own no API key (name them as name:key)")
 
     @property
     def image_policy(self) -> ImagePolicy:
@@ -173,6 +180,10 @@ class ServiceConfig:
         if env.get("ORCHARD_API_KEYS_FILE"):
             entries += Path(env["ORCHARD_API_KEYS_FILE"]).read_text().splitlines()
         kw["api_keys"] = parse_api_keys(entries)
+        if env.get("ORCHARD_OPERATORS"):
+            kw["operators"] = frozenset(
+                o.strip() for o in env["ORCHARD_OPERATORS"].split(",") if o.strip()
+            )
         if env.get("ORCHARD_SECRET"):
             kw["secret"] = env["ORCHARD_SECRET"].encode()
         if env.get("ORCHARD_BACKEND"):
@@ -240,6 +251,10 @@ class ServiceConfig:
             if hmac.compare_digest(candidate.encode(), given):
                 found = owner
         return found
+
+    def is_operator(self, owner: str) -> bool:
+        """Whether this owner's key sees every owner's figures (auth off: the one user does)."""
+        return not self.api_keys or owner in self.operators
 
     def agent_token(self, sandbox_id: str) -> str:
         """The sandbox's agent token: derived, never stored, so any replica can recompute it."""

@@ -1,4 +1,8 @@
-"""The service's own routes: health (liveness bare, counts with a key), metrics and usage."""
+"""The service's own routes: health (liveness bare, counts with a key), metrics and usage.
+
+A tenant's key sees its own figures only; the whole service's need an operator's key
+(`ServiceConfig.operators`).
+"""
 
 from __future__ import annotations
 
@@ -18,22 +22,32 @@ router = APIRouter(responses=ERRORS, tags=["service"])
 
 @router.get("/healthz", response_model=Health, response_model_exclude_none=True)
 async def healthz(svc: Svc, request: Request) -> Health:
-    """Liveness for anyone; the backend and the sandbox count only for a valid key."""
+    """Liveness for anyone; the backend and the sandbox count only for a valid key: an
+    operator's key counts every owner's sandboxes, any other key its own."""
     status: Literal["ok", "degraded"] = "ok" if svc.last_reconcile_ok else "degraded"
     try:
-        authorize(request)
+        owner = authorize(request)
     except Unauthorized:
         return Health(status=status, version=__version__)
-    return Health(
-        status=status, version=__version__, backend=svc.backend.name, sandboxes=svc.count()
-    )
+    if svc.config.is_operator(owner):
+        count = svc.count()
+    else:
+        count = sum(1 for r in svc.records() if r.owner == owner)
+    return Health(status=status, version=__version__, backend=svc.backend.name, sandboxes=count)
 
 
 @router.get("/metrics", response_class=Response)
-async def metrics(_owner: Owner, svc: Svc) -> Response:
-    """Prometheus metrics (any valid key: they count every owner's sandboxes)."""
+async def metrics(owner: Owner, svc: Svc) -> Response:
+    """Prometheus metrics: an operator's key (`ORCHARD_OPERATORS`) gets the whole service's,
+    any other key only its own owner's sandboxes, holdings and refusals."""
+    records = svc.records()
+    if not svc.config.is_operator(owner):
+        mine = (svc.to_model(r).status for r in records if r.owner == owner)
+        own = svc.admission.held(owner, records)
+        body = svc.metrics.render_owner(owner, mine, (own.sandboxes, own.cpu, own.memory))
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+    held = svc.admission.owners(records)
     svc.metrics.set_states(svc.states())
-    held = svc.admission.owners(svc.records())
     svc.metrics.set_owners({o: (h.sandboxes, h.cpu, h.memory) for o, h in held.items()})
     return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
