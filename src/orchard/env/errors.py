@@ -160,6 +160,13 @@ class AgentUnavailable(Unavailable):
     code = "agent_unavailable"
 
 
+class SandboxUnresponsive(AgentUnavailable):
+    """The sandbox runs, but its agent answers nothing, not even its health check (something
+    in the sandbox stopped it, e.g. a debugger attached to PID 1). Retry once it runs again."""
+
+    code = "sandbox_unresponsive"
+
+
 class Unschedulable(Unavailable):
     """No node can take the sandbox now (too big, or the cluster is full)."""
 

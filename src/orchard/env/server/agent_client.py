@@ -6,6 +6,13 @@ the service makes many small calls. There is one generic path, not a method per 
 hot path, error answers included); `request` raises the agent's error as the typed
 error of `orchard.env.errors`; `stream` and `events` read an answer as it arrives. A
 failure to reach the agent, or to read its answer, is `AgentUnavailable`.
+
+A call the agent has not answered after PROBE_AFTER_S has the agent's liveness checked
+(`alive`: its /health on a connection of its own, shared by every call waiting then):
+a long exec, a `wait` or a quiet server behind /proxy pass, since the agent answers its
+health check while they run; an agent that answers nothing at all (stopped: a debugger
+attached to PID 1, SIGSTOP) fails every waiting call with `SandboxUnresponsive` within
+about PROBE_AFTER_S + PROBE_TIMEOUT_S, instead of each waiting out its own read timeout.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from orchard.env.errors import (
     InvalidRequest,
     NotFound,
     OrchardError,
+    SandboxUnresponsive,
     TooLarge,
     Unauthorized,
     Unavailable,
@@ -65,6 +73,13 @@ class Options(TypedDict, total=False):
 IDLE_EXPIRY_S = 15.0
 # For streams and uploads: connect quickly, then wait as long as the data takes.
 STREAMING = httpx.Timeout(None, connect=10.0)
+# The liveness check of a call left unanswered (issue 31): after PROBE_AFTER_S, then every
+# PROBE_EVERY_S while it waits; the agent must answer /health within PROBE_TIMEOUT_S (it
+# does in milliseconds, even while it runs long commands); a verdict stands for VERDICT_S.
+PROBE_AFTER_S = 2.0
+PROBE_EVERY_S = 2.0
+PROBE_TIMEOUT_S = 6.0
+VERDICT_S = 1.0
 # The relay's one list, plus Content-Length: the body is framed anew for this hop.
 _DROPPED = NOT_FORWARDED | {"content-length"}
 
@@ -137,20 +152,25 @@ class AgentClient:
             raise ValueError("give exactly one of socket_path or base_url")
         self.socket_path = os.fspath(socket_path) if socket_path is not None else None
         self.base_url = base_url or "http://agent"
-        fixed = [("Host", httpx.URL(self.base_url).netloc.decode("ascii") or "agent")]
+        self._fixed = [("Host", httpx.URL(self.base_url).netloc.decode("ascii") or "agent")]
         if token:
-            fixed.append(("Authorization", f"Bearer {token}"))
+            self._fixed.append(("Authorization", f"Bearer {token}"))
+        self._pool = self._new_pool(max_connections)
+        self._timeout = httpx.Timeout(timeout, connect=10.0)
+        # The liveness check (`alive`): its own pool, so it never waits behind the calls.
+        self._probe_pool: AsyncPool | None = None
+        self._probing: asyncio.Task[bool] | None = None
+        self._verdict = (-VERDICT_S, True)  # (when, alive)
+
+    def _new_pool(self, max_connections: int) -> AsyncPool:
         opts: dict[str, Any] = {
-            "headers": fixed,
+            "headers": self._fixed,
             "max_connections": max_connections,
             "idle_expiry_s": IDLE_EXPIRY_S,
         }
-        self._pool = (
-            AsyncPool(uds=self.socket_path, **opts)
-            if self.socket_path is not None
-            else AsyncPool.for_url(self.base_url, **opts)
-        )
-        self._timeout = httpx.Timeout(timeout, connect=10.0)
+        if self.socket_path is not None:
+            return AsyncPool(uds=self.socket_path, **opts)
+        return AsyncPool.for_url(self.base_url, **opts)
 
     @classmethod
     def for_endpoint(cls, endpoint: AgentEndpoint, token: str, **kw: Any) -> AgentClient:
@@ -169,6 +189,8 @@ class AgentClient:
 
     async def aclose(self) -> None:
         await self._pool.aclose()
+        if self._probe_pool is not None:
+            await self._probe_pool.aclose()
 
     def _where(self) -> str:
         return self.socket_path or self.base_url
@@ -199,7 +221,8 @@ class AgentClient:
         """
         target, request = self._request(path, opts)
         try:
-            return await self._pool.send(method, target, stream=stream, **request)
+            with _Watch(self):
+                return await self._pool.send(method, target, stream=stream, **request)
         except httpx.TransportError as e:
             raise self._unavailable(e) from e
 
@@ -208,7 +231,8 @@ class AgentClient:
         content): the relay's hot path, which passes the bytes on as they are."""
         target, request = self._request(path, opts)
         try:
-            return await self._pool.answer(method, target, **request)
+            with _Watch(self):
+                return await self._pool.answer(method, target, **request)
         except httpx.TransportError as e:
             raise self._unavailable(e) from e
 
@@ -270,6 +294,36 @@ class AgentClient:
                     raise agent_error(422, {"error": event})
                 yield event
 
+    # ------------------------------------------------------------ liveness
+
+    async def alive(self) -> bool:
+        """Whether the agent answers at all: its /health within PROBE_TIMEOUT_S, on a
+        connection of its own. One check at a time, shared by every caller; its verdict
+        stands for VERDICT_S."""
+        at, verdict = self._verdict
+        if time.monotonic() - at < VERDICT_S:
+            return verdict
+        probing = self._probing
+        if (
+            probing is None
+            or probing.done()
+            or probing.get_loop() is not asyncio.get_running_loop()
+        ):
+            probing = self._probing = asyncio.ensure_future(self._probe())
+        return await asyncio.shield(probing)
+
+    async def _probe(self) -> bool:
+        if self._probe_pool is None:
+            self._probe_pool = self._new_pool(2)
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                await self._probe_pool.answer("GET", "/health", timeout=_PROBE)
+            alive = True  # any answer: the agent runs
+        except (httpx.TransportError, OSError, TimeoutError):
+            alive = False
+        self._verdict = (time.monotonic(), alive)
+        return alive
+
     # ------------------------------------------------------------ readiness
 
     async def health(self) -> dict[str, Any]:
@@ -298,6 +352,49 @@ class AgentClient:
                     ) from e
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.1)
+
+
+_PROBE = httpx.Timeout(PROBE_TIMEOUT_S)
+
+
+class _Watch:
+    """Guards one call to the agent (`with _Watch(agent): await ...`): from PROBE_AFTER_S
+    on, checks that the agent is alive every PROBE_EVERY_S, and if it is not, cancels the
+    call and raises SandboxUnresponsive in its place. Costs a timer on the hot path."""
+
+    __slots__ = ("agent", "task", "timer", "tripped", "watcher")
+
+    def __init__(self, agent: AgentClient) -> None:
+        self.agent = agent
+        self.watcher: asyncio.Task[None] | None = None
+        self.tripped = False
+
+    def __enter__(self) -> None:
+        self.task = asyncio.current_task()
+        self.timer = asyncio.get_running_loop().call_later(PROBE_AFTER_S, self._start)
+
+    def _start(self) -> None:
+        self.watcher = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while await self.agent.alive():
+            await asyncio.sleep(PROBE_EVERY_S)
+        if self.task is not None:
+            self.tripped = True
+            self.task.cancel()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.timer.cancel()
+        if self.watcher is not None:
+            self.watcher.cancel()
+        if self.tripped and self.task is not None:
+            self.task.uncancel()  # our cancel, not the caller's: it ends here
+            raise SandboxUnresponsive(
+                f"the agent stopped answering (not even its health check within "
+                f"{PROBE_TIMEOUT_S:g} s)"
+            ) from None
 
 
 def _json_bytes(body: Any) -> bytes:

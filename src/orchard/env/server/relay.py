@@ -3,7 +3,8 @@
 JSON answers pass through as bytes, NDJSON streams and downloads stream through, and
 uploads stream to the agent with the size limit enforced on the way. An agent error
 becomes the service's typed error; an unreachable agent is explained by the service
-(the sandbox exited: 410, or is unreachable: 503).
+(the sandbox exited: 410, or is unreachable: 503), and one that answers nothing at all,
+not even its health check (`AgentClient.alive`), is `503 sandbox_unresponsive`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ import httpx
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
-from orchard.env.errors import AgentUnavailable, NotFound, TooLarge
+from orchard.env.errors import (
+    AgentUnavailable,
+    NotFound,
+    OrchardError,
+    SandboxUnresponsive,
+    TooLarge,
+)
 from orchard.env.server.agent_client import STREAMING, AgentClient, Options, error_of
 from orchard.env.server.service import SandboxService
+from orchard.env.server.state import paused_error
 from orchard.env.wire import NOT_FORWARDED
 
 T = TypeVar("T")
@@ -42,7 +50,27 @@ async def _on_agent(
     try:
         return await call(agent)
     except AgentUnavailable as e:
-        raise await svc.agent_failed(owner, sid, e) from e
+        raise await _explain(svc, owner, sid, e) from e
+
+
+async def _explain(svc: SandboxService, owner: str, sid: str, exc: Exception) -> OrchardError:
+    """Why the agent failed a call: the sandbox is gone (404), exited (410), paused (409), or
+    runs with its agent stopped (503 sandbox_unresponsive), or is unreachable (503).
+
+    An unresponsive agent takes one fresh look at the sandbox, not agent_failed's several
+    (its connections are not the trouble, and every call waiting on it fails at once)."""
+    if not isinstance(exc, SandboxUnresponsive):
+        return await svc.agent_failed(owner, sid, exc)
+    try:
+        rec = await svc.live_or_paused(owner, sid)
+    except OrchardError as e:
+        return e
+    if rec.state == "paused":
+        return paused_error(sid)
+    return SandboxUnresponsive(
+        f"sandbox {sid} is unresponsive: its agent answers nothing, not even its health "
+        "check (is something in the sandbox stopping PID 1, e.g. a debugger?)"
+    )
 
 
 async def forward(
@@ -105,7 +133,7 @@ async def stream(
         try:
             raw = await resp.aread()
         except httpx.TransportError as e:
-            raise await svc.agent_failed(owner, sid, e) from e
+            raise await _explain(svc, owner, sid, e) from e
         finally:
             await resp.aclose()
         raise error_of(resp.status_code, raw)
