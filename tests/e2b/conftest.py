@@ -40,7 +40,7 @@ E2B_VENV = REPO_ROOT / ".venv-e2b"
 MARK = "@@e2b-result@@"
 PRELUDE = """\
 import json, os, sys, time
-from e2b import Sandbox, AsyncSandbox
+from e2b import AsyncSandbox, CommandExitException, Sandbox
 from e2b import exceptions as E
 result = {}
 def kind(e):
@@ -127,18 +127,18 @@ def stop_service(svc: Service) -> None:
 UPLOAD_LIMIT = 4 << 20
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def registry() -> Iterator[str]:
     """A registry that has no image at all (`host:port`), which the service may pull from."""
     with fake_registry() as address:
         yield address
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def e2b_service(
     docker_ready: None, agent_binary: Path, debian_image: str, registry: str
 ) -> Iterator[Service]:
-    """One service (docker backend) for a module's tests; they each clean up after them."""
+    """One service (docker backend) for these tests; each cleans up after itself."""
     svc = start_service(
         agent_binary,
         debian_image,

@@ -29,6 +29,7 @@ from orchard.env.server.relay import check_length, limited
 
 router = APIRouter(include_in_schema=False)
 UPLOAD_TIMEOUT = httpx.Timeout(None, connect=10.0)
+FORM_OVERHEAD = 64 << 10
 
 
 def _error(err: RpcError) -> Response:
@@ -103,6 +104,15 @@ async def _gunzip(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[byt
         raise RpcError("invalid_argument", "the body is not valid gzip") from None
 
 
+async def _bounded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    seen = 0
+    async for chunk in chunks:
+        seen += len(chunk)
+        if seen > limit:
+            raise TooLarge(f"the file exceeds the limit of {limit} bytes")
+        yield chunk
+
+
 async def _put(envd: Envd, path: str, content: AsyncIterator[bytes]) -> dict[str, Any]:
     """One file written by the agent (parents made, replaced atomically)."""
     await envd.call(
@@ -119,14 +129,16 @@ async def _put(envd: Envd, path: str, content: AsyncIterator[bytes]) -> dict[str
 async def upload(request: Request, envd: Envd) -> Response:
     """Raw bytes (gzip too) to `path`, or a multipart form: each part to its filename."""
     limit = envd.svc.config.max_upload_bytes
-    check_length(request, limit)
     user = _user(request, envd)
     given = request.query_params.get("path")
     ctype = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    body = limited(request, limit)
+    form = ctype == "multipart/form-data"
+    # A form's own framing is not the file's: it may add a little to the limit.
+    check_length(request, limit + FORM_OVERHEAD if form else limit)
+    body = limited(request, limit + FORM_OVERHEAD if form else limit)
     if request.headers.get("content-encoding", "identity").lower() == "gzip":
         body = _gunzip(body, limit)
-    if ctype != "multipart/form-data":
+    if not form:
         return JSONResponse([await _put(envd, resolve(given, user), body)])
     written: list[dict[str, Any]] = []
     boundary = boundary_of(request.headers.get("content-type", ""))
@@ -134,7 +146,7 @@ async def upload(request: Request, envd: Envd) -> Response:
         if part.filename is None and part.name != "file":
             continue
         name = given if given and not written else part.filename
-        written.append(await _put(envd, resolve(name, user), content))
+        written.append(await _put(envd, resolve(name, user), _bounded(content, limit)))
     return JSONResponse(written)
 
 

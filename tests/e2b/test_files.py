@@ -1,0 +1,96 @@
+"""`files` with the real SDK: write (multipart, octet-stream, gzip, several at once), read
+(text, bytes, stream), list, exists, get_info, make_dir, rename, remove; and the errors."""
+
+from __future__ import annotations
+
+from tests.e2b.conftest import SDK, UPLOAD_LIMIT
+
+
+def test_files(sdk: SDK) -> None:
+    out = sdk.run(
+        f"""
+        import io
+        from e2b import FileType
+        with Sandbox.create() as sbx:
+            f = sbx.files
+            w = f.write("/tmp/e2b/a.txt", "hello\\n")
+            result["write"] = [w.name, w.path, str(w.type.value)]
+            result["read"] = f.read("/tmp/e2b/a.txt")
+            data = bytes(range(256)) * 64
+            f.write("/tmp/e2b/bin", data)
+            result["bytes"] = bytes(f.read("/tmp/e2b/bin", format="bytes")) == data
+            f.write("/tmp/e2b/stream", io.BytesIO(data))  # a file-like: octet-stream
+            result["octet"] = bytes(f.read("/tmp/e2b/stream", format="bytes")) == data
+            f.write("/tmp/e2b/gz", data, gzip=True)
+            result["gzip"] = bytes(f.read("/tmp/e2b/gz", format="bytes")) == data
+            chunks = b"".join(f.read("/tmp/e2b/bin", format="stream"))
+            result["read_stream"] = chunks == data
+            many = f.write_files([
+                {{"path": "/tmp/e2b/m/one", "data": "1"}},
+                {{"path": "/tmp/e2b/m/two", "data": b"2"}},
+                {{"path": "/tmp/e2b/m/with \\"quote\\" and space", "data": "3"}},
+            ])
+            result["many"] = [i.path for i in many]
+            result["quoted"] = f.read('/tmp/e2b/m/with "quote" and space')
+            result["ls"] = sorted((e.name, str(e.type.value)) for e in f.list("/tmp/e2b"))
+            result["deep"] = sorted(e.path for e in f.list("/tmp/e2b", depth=2))
+            result["exists"] = [f.exists("/tmp/e2b/a.txt"), f.exists("/tmp/e2b/nope")]
+            info = f.get_info("/tmp/e2b/a.txt")
+            result["info"] = [info.name, info.size, info.permissions, str(info.type.value)]
+            result["mkdir"] = [f.make_dir("/tmp/e2b/new/deep"), f.make_dir("/tmp/e2b/new/deep")]
+            moved = f.rename("/tmp/e2b/a.txt", "/tmp/e2b/new/b.txt")
+            result["moved"] = [moved.path, f.read("/tmp/e2b/new/b.txt"), f.exists("/tmp/e2b/a.txt")]
+            f.remove("/tmp/e2b/new")
+            result["removed"] = f.exists("/tmp/e2b/new")
+            f.remove("/tmp/e2b/never-was")  # as envd: nothing to remove is fine
+            f.write("rel.txt", "home")  # relative: the user's home (root's)
+            result["relative"] = sbx.commands.run("cat /root/rel.txt").stdout
+            sbx.commands.run("ln -s /tmp/e2b/bin /tmp/e2b/link")
+            link = f.get_info("/tmp/e2b/link")
+            result["link"] = [str(link.type.value), link.symlink_target]
+            for what, call in (
+                ("read_missing", lambda: f.read("/tmp/e2b/missing")),
+                ("read_dir", lambda: f.read("/tmp")),
+                ("list_missing", lambda: f.list("/tmp/e2b/missing")),
+                ("info_missing", lambda: f.get_info("/tmp/e2b/missing")),
+                ("too_big", lambda: f.write("/tmp/e2b/big", b"x" * ({UPLOAD_LIMIT} + 1))),
+                ("too_big_stream", lambda: f.write(
+                    "/tmp/e2b/big2", io.BytesIO(b"x" * ({UPLOAD_LIMIT} + 1)))),
+                ("watch", lambda: f.watch_dir("/tmp")),
+            ):
+                try:
+                    call()
+                    result[what] = "no error"
+                except Exception as e:
+                    result[what] = kind(e)
+            result["no_partial"] = [f.exists("/tmp/e2b/big"), f.exists("/tmp/e2b/big2")]
+        """
+    )
+    assert out["write"] == ["a.txt", "/tmp/e2b/a.txt", "file"]
+    assert out["read"] == "hello\n"
+    assert out["bytes"] and out["octet"] and out["gzip"] and out["read_stream"]
+    assert out["many"] == ["/tmp/e2b/m/one", "/tmp/e2b/m/two", '/tmp/e2b/m/with "quote" and space']
+    assert out["quoted"] == "3"
+    assert out["ls"] == [
+        ["a.txt", "file"],
+        ["bin", "file"],
+        ["gz", "file"],
+        ["m", "dir"],
+        ["stream", "file"],
+    ]
+    assert "/tmp/e2b/m/one" in out["deep"] and "/tmp/e2b/a.txt" in out["deep"]
+    assert out["exists"] == [True, False]
+    assert out["info"] == ["a.txt", 6, "-rw-r--r--", "file"]
+    assert out["mkdir"] == [True, False]
+    assert out["moved"] == ["/tmp/e2b/new/b.txt", "hello\n", False]
+    assert out["removed"] is False
+    assert out["relative"] == "home"
+    assert out["link"] == ["symlink", "/tmp/e2b/bin"]
+    assert out["read_missing"] == "FileNotFoundException"
+    assert out["read_dir"] == "InvalidArgumentException"
+    assert out["list_missing"] == "FileNotFoundException"
+    assert out["info_missing"] == "FileNotFoundException"
+    assert out["too_big"] == "SandboxException"
+    assert out["too_big_stream"] == "SandboxException"
+    assert out["watch"] == "SandboxException"
+    assert out["no_partial"] == [False, False]
