@@ -238,7 +238,7 @@ class ImageStore:
         with contextlib.suppress(OSError):
             remembered = self.cached(self._name_file(name).read_text().strip())
         try:
-            docker_id = await self._docker_image_id(ref) if self._use_docker else None
+            found = await self._docker_image_id(ref) if self._use_docker else None
         except Unavailable:
             if remembered is None:
                 raise
@@ -247,11 +247,12 @@ class ImageStore:
                 "docker engine unavailable; using the cached %s for %s", remembered.key, name
             )
             return remembered
-        if docker_id is not None:
+        if found is not None:
+            docker_id, ownership = found
             if self.policy is not None:  # before copying it: not this owner's to run
-                docker_id[1].check(name, owner)
-            key = "docker-" + docker_id[0].partition(":")[2]
-            image = await self._from_source(f"docker-daemon:{docker_id[0]}", key, name)
+                ownership.check(name, owner)
+            key = "docker-" + docker_id.partition(":")[2]
+            image = await self._from_source(f"docker-daemon:{docker_id}", key, name)
         elif remembered is not None and not remembered.key.startswith("docker-"):
             return remembered  # pulled from a registry before, as Docker's store keeps it
         else:
