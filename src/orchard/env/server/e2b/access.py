@@ -32,10 +32,13 @@ from orchard.env.server.auth import service_of
 from orchard.env.server.e2b.connect import (
     STREAM_TYPE,
     RpcError,
+    end_of_stream,
+    envelope,
     first_message,
     from_orchard,
     gone,
     stream_error,
+    stream_messages,
     unary_answer,
     unary_error,
     unary_request,
@@ -177,6 +180,7 @@ Unary = Callable[[Envd, dict[str, Any]], Awaitable[dict[str, Any]]]
 # Does the work a stream needs before its first message (errors there end the stream
 # at once), then returns the stream's frames.
 ServerStream = Callable[[Envd, dict[str, Any], Request], Awaitable[AsyncIterator[bytes]]]
+ClientStream = Callable[[Envd, AsyncIterator[dict[str, Any]]], Awaitable[dict[str, Any]]]
 
 
 def _unrouted(request: Request) -> NotFound:
@@ -211,5 +215,22 @@ def server_stream(fn: ServerStream) -> Callable[[Request], Awaitable[Response]]:
         except RpcError as e:
             return stream_error(e)
         return StreamingResponse(frames, media_type=STREAM_TYPE)
+
+    return endpoint
+
+
+def client_stream(fn: ClientStream) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint serving one client-streaming RPC: `fn` reads the messages as they
+    come; its answer is one message and the end frame (errors in the end frame)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            envd = await admit(request)
+            answer = await fn(envd, stream_messages(request))
+        except NotRouted:
+            raise _unrouted(request) from None
+        except RpcError as e:
+            return stream_error(e)
+        return Response(envelope(answer) + end_of_stream(), media_type=STREAM_TYPE)
 
     return endpoint

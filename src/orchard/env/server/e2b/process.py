@@ -25,7 +25,7 @@ import anyio
 import httpx
 from fastapi import APIRouter, Request
 
-from orchard.env.server.e2b.access import Envd, server_stream, unary
+from orchard.env.server.e2b.access import Envd, client_stream, server_stream, unary
 from orchard.env.server.e2b.connect import RpcError, end_of_stream, envelope, timeout_s
 
 router = APIRouter(include_in_schema=False)
@@ -264,13 +264,32 @@ async def list_processes(envd: Envd, msg: dict[str, Any]) -> dict[str, Any]:
     return {"processes": out}
 
 
-async def send_input(envd: Envd, msg: dict[str, Any]) -> dict[str, Any]:
-    info = await find(envd, msg)
-    given = msg.get("input") or {}
+async def _write(envd: Envd, info: dict[str, Any], given: Any) -> None:
+    """One ProcessInput (`stdin` or `pty` bytes, base64) to the process's stdin."""
     data = given.get("stdin", given.get("pty", "")) if isinstance(given, dict) else ""
     if not isinstance(data, str):
         raise RpcError("invalid_argument", "input must be base64 bytes")
     await _stdin(envd, info, {"data": data, "encoding": "base64"})
+
+
+async def send_input(envd: Envd, msg: dict[str, Any]) -> dict[str, Any]:
+    await _write(envd, await find(envd, msg), msg.get("input"))
+    return {}
+
+
+async def stream_input(envd: Envd, messages: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
+    """A start event naming the process, then its input in order (keepalives skipped)."""
+    info: dict[str, Any] | None = None
+    async for msg in messages:
+        event = msg.get("event", msg)
+        if not isinstance(event, dict):
+            raise RpcError("invalid_argument", "a StreamInput message has no event")
+        if "start" in event:
+            info = await find(envd, event["start"] or {})
+        elif "data" in event:
+            if info is None:
+                raise RpcError("failed_precondition", "input before the start event")
+            await _write(envd, info, (event["data"] or {}).get("input"))
     return {}
 
 
@@ -311,5 +330,6 @@ for _name, _fn in (
     ("Update", update),
 ):
     router.add_api_route(PREFIX + _name, unary(_fn), methods=["POST"])
+router.add_api_route(PREFIX + "StreamInput", client_stream(stream_input), methods=["POST"])
 router.add_api_route(PREFIX + "Start", server_stream(start), methods=["POST"])
 router.add_api_route(PREFIX + "Connect", server_stream(connect), methods=["POST"])
