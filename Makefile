@@ -7,7 +7,7 @@ AGENT_BIN  := build/orchard-agent
 AGENT_SRC  := $(shell find agent -name "*.go" -not -name "*_test.go") agent/go.mod
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup agent lint test test-go test-py test-k8s cluster cluster-down demo demo-env demo-gui demo-claw bench clean help
+.PHONY: setup agent lint test test-fast test-unit test-go test-py test-k8s cluster cluster-down demo demo-env demo-gui demo-claw bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -34,8 +34,20 @@ lint:  ## ruff, mypy --strict, gofmt, go vet (linux and darwin)
 	cd agent && go vet ./... && GOOS=darwin go vet ./... && GOOS=darwin go build -o /dev/null ./...
 	cd deploy/kubernetes/images/injector && go vet ./...
 
-test-go:
+test-go:  ## go test of the agent
 	cd agent && go test -count=1 ./...
+
+# The unit tests: every test not marked docker or k8s (tests/conftest.py marks them from
+# the fixtures they use). DOCKER_HOST points at no engine, so a test that needs one but is
+# not marked fails here instead of using whatever engine runs; bytecode is cached under
+# build/ (where PYTHONDONTWRITEBYTECODE is set, each run would compile torch again).
+test-unit:  ## pytest without the tests that need a Docker engine or a cluster
+	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache \
+	  DOCKER_HOST=unix:///nonexistent/orchard-test-fast.sock \
+	  $(VENV)/bin/pytest -q -m "not docker and not k8s" $(PYTEST_ARGS)
+
+test-fast:  ## the quick loop: lint, go test and the unit tests, side by side; no engine, no cluster, no setup
+	@$(MAKE) --no-print-directory -j3 --output-sync=target lint test-go test-unit
 
 test-py:  # the daemon-restart fault test runs here, where nothing else uses the engine
 	ORCHARD_TEST_DOCKER_RESTART=1 $(VENV)/bin/pytest -q

@@ -1,10 +1,12 @@
 """Session fixtures shared by every test file: Docker, the agent binary, test images, temp dirs.
 
 Tests that use `docker_ready` (directly or through an image fixture) are marked
-`docker` automatically. Containers a test starts should carry `TEST_LABELS` (at least
-`orchard.test=1`); those left behind are removed when the session ends -- all of them
-when no other pytest session is running on this host, else only this session's own
-(`orchard.test.session=<id>`), so parallel sessions do not kill each other's containers.
+`docker` automatically, and those under tests/live (a real cluster) `k8s`, so
+`pytest -m "not docker and not k8s"` (`make test-fast`) runs what needs neither.
+Containers a test starts should carry `TEST_LABELS` (at least `orchard.test=1`); those
+left behind are removed when the session ends -- all of them when no other pytest session
+is running on this host, else only this session's own (`orchard.test.session=<id>`), so
+parallel sessions do not kill each other's containers.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import pytest
 
 from orchard.env import images
 from tests.docker_util import remove_labelled
+from tests.servers import wait_listening
 
 # No test may reach for a hosted model or data set.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -37,12 +39,16 @@ _SESSIONS_DIR = Path(tempfile.gettempdir()) / "orchard-test-sessions"
 # Packages later tests rely on in the Debian image (a repo to clone, tests to run).
 DEBIAN_TEST_PACKAGES = ("python3", "git", "python3-pytest", "ca-certificates")
 _DOCKER_FIXTURES = {"docker_ready", "busybox_image", "debian_image"}
+_LIVE_DIR = REPO_ROOT / "tests" / "live"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        # fixturenames is the closure: a fixture that needs docker_ready marks its users too.
         if _DOCKER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.docker)
+        if item.path.is_relative_to(_LIVE_DIR):
+            item.add_marker(pytest.mark.k8s)
 
 
 @pytest.fixture(scope="session")
@@ -188,12 +194,8 @@ def host_agent(agent_binary: Path, tmp_state_dir: Path) -> Iterator[HostAgent]:
         ],
         env=env,
     )
-    deadline = time.monotonic() + 10
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the agent did not create {sock} (exit code {proc.poll()})")
-        time.sleep(0.005)
+    # Until it accepts: the socket file exists from bind(), a connect before listen() is refused.
+    wait_listening(proc, sock, "the agent", 10, 0.005)
     try:
         yield HostAgent(sock, token, proc, tmp_state_dir)
     finally:
