@@ -389,8 +389,8 @@ class Usage(WireModel):
     owner: str
     sandboxes: int = Field(description="sandboxes that exist, any state, incl. creating")
     creating: int = Field(description="creates in flight")
-    cpu: float = Field(description="cores, summed over running sandboxes")
-    memory_bytes: int = Field(description="memory limits, summed over running sandboxes")
+    cpu: float = Field(description="cores, summed over running and paused sandboxes")
+    memory_bytes: int = Field(description="memory limits, summed likewise")
     limits: dict[str, float | int | None] = Field(description="the key's limits; null: none")
 
 
