@@ -90,7 +90,7 @@ def test_errors_are_the_sdks_exceptions(sdk: SDK) -> None:
                        "X-Access-Token": "forged" * 8}}
             forged = Sandbox(
                 sandbox_id=sbx.sandbox_id, sandbox_domain=None,
-                envd_version=Version("0.5.7"), envd_access_token="forged",
+                envd_version=Version("0.6.4"), envd_access_token="forged",
                 connection_config=ConnectionConfig(extra_sandbox_headers=headers),
             )
             for what, call in (
@@ -148,7 +148,7 @@ def test_two_tenants_are_isolated(sdk: SDK) -> None:
             headers = {{"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983",
                         "X-Access-Token": own._envd_access_token}}
             cross = Sandbox(
-                sandbox_id=sid, sandbox_domain=None, envd_version=Version("0.5.7"),
+                sandbox_id=sid, sandbox_domain=None, envd_version=Version("0.6.4"),
                 envd_access_token=own._envd_access_token,
                 connection_config=ConnectionConfig(extra_sandbox_headers=headers),
             )

@@ -53,17 +53,18 @@ def test_files(sdk: SDK) -> None:
                 ("read_dir", lambda: f.read("/tmp")),
                 ("list_missing", lambda: f.list("/tmp/e2b/missing")),
                 ("info_missing", lambda: f.get_info("/tmp/e2b/missing")),
+                ("metadata", lambda: f.write("/tmp/e2b/meta", "x", metadata={{"k": "v"}})),
                 ("too_big", lambda: f.write("/tmp/e2b/big", b"x" * ({UPLOAD_LIMIT} + 1))),
                 ("too_big_stream", lambda: f.write(
                     "/tmp/e2b/big2", io.BytesIO(b"x" * ({UPLOAD_LIMIT} + 1)))),
-                ("watch", lambda: f.watch_dir("/tmp")),
             ):
                 try:
                     call()
                     result[what] = "no error"
                 except Exception as e:
                     result[what] = kind(e)
-            result["no_partial"] = [f.exists("/tmp/e2b/big"), f.exists("/tmp/e2b/big2")]
+            gone = ("/tmp/e2b/big", "/tmp/e2b/big2", "/tmp/e2b/meta")
+            result["no_partial"] = [f.exists(p) for p in gone]
         """
     )
     assert out["write"] == ["a.txt", "/tmp/e2b/a.txt", "file"]
@@ -90,7 +91,66 @@ def test_files(sdk: SDK) -> None:
     assert out["read_dir"] == "InvalidArgumentException"
     assert out["list_missing"] == "FileNotFoundException"
     assert out["info_missing"] == "FileNotFoundException"
+    assert out["metadata"] == "InvalidArgumentException"
     assert out["too_big"] == "SandboxException"
     assert out["too_big_stream"] == "SandboxException"
-    assert out["watch"] == "SandboxException"
-    assert out["no_partial"] == [False, False]
+    assert out["no_partial"] == [False, False, False]
+
+
+def test_watch_dir(sdk: SDK) -> None:
+    out = sdk.run(
+        """
+        import asyncio
+        with Sandbox.create() as sbx:
+            f = sbx.files
+            f.make_dir("/tmp/w/sub")
+            h = f.watch_dir("/tmp/w", recursive=True)
+            f.write("/tmp/w/a", "1")
+            f.write("/tmp/w/sub/b", "2")
+            result["first"] = [[e.name, e.type.value] for e in h.get_new_events()]
+            result["quiet"] = h.get_new_events()
+            f.write("/tmp/w/a", "123")
+            sbx.commands.run("chmod 600 /tmp/w/a; rm /tmp/w/sub/b")
+            result["second"] = [[e.name, e.type.value] for e in h.get_new_events()]
+            flat = f.watch_dir("/tmp/w", include_entry=True)
+            f.write("/tmp/w/sub/c", "deep")
+            f.write("/tmp/w/d", "top")
+            events = flat.get_new_events()
+            result["flat"] = [[e.name, e.type.value, e.entry and e.entry.size] for e in events]
+            h.stop()
+            flat.stop()
+            try:
+                h.get_new_events()
+            except Exception as e:
+                result["stopped"] = kind(e)
+            try:
+                f.watch_dir("/tmp/w/a")
+            except Exception as e:
+                result["not_a_dir"] = kind(e)
+
+        async def streamed():
+            sbx = await AsyncSandbox.create()
+            try:
+                seen = []
+                await sbx.files.make_dir("/tmp/aw")
+                handle = await sbx.files.watch_dir("/tmp/aw", on_event=seen.append)
+                await sbx.files.write("/tmp/aw/x", "x")
+                for _ in range(100):
+                    if seen:
+                        break
+                    await asyncio.sleep(0.1)
+                await handle.stop()
+                result["streamed"] = [[e.name, e.type.value] for e in seen]
+            finally:
+                await sbx.kill()
+
+        asyncio.run(streamed())
+        """
+    )
+    assert out["first"] == [["a", "create"], ["sub/b", "create"]]
+    assert out["quiet"] == []
+    assert out["second"] == [["a", "write"], ["a", "chmod"], ["sub/b", "remove"]]
+    assert out["flat"] == [["d", "create", 3]]  # not recursive: sub/c is not seen
+    assert out["stopped"] == "SandboxException"
+    assert out["not_a_dir"] == "InvalidArgumentException"
+    assert out["streamed"] == [["x", "create"]]

@@ -30,6 +30,7 @@ from orchard.env.server.relay import check_length, limited
 router = APIRouter(include_in_schema=False)
 UPLOAD_TIMEOUT = httpx.Timeout(None, connect=10.0)
 FORM_OVERHEAD = 64 << 10
+METADATA_HEADER = "x-metadata-"
 
 
 def _error(err: RpcError) -> Response:
@@ -128,6 +129,8 @@ async def _put(envd: Envd, path: str, content: AsyncIterator[bytes]) -> dict[str
 
 async def upload(request: Request, envd: Envd) -> Response:
     """Raw bytes (gzip too) to `path`, or a multipart form: each part to its filename."""
+    if any(k.lower().startswith(METADATA_HEADER) for k in request.headers):
+        raise RpcError("invalid_argument", "file metadata (X-Metadata-*) is not supported")
     limit = envd.svc.config.max_upload_bytes
     user = _user(request, envd)
     given = request.query_params.get("path")

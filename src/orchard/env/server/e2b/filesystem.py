@@ -4,7 +4,7 @@ agent's file API, and the path rules the two share.
 envd resolves a relative path (and `~`) against the user's home; the agent takes only
 absolute paths, so they are resolved here: `/root` for root or no user, `/home/USER`
 otherwise. File operations run as the agent's user (root): `user` decides only how
-a relative path resolves. The watcher calls are not served (unimplemented).
+a relative path resolves. The watchers are in `watch`.
 """
 
 from __future__ import annotations
@@ -138,18 +138,11 @@ async def remove(envd: Envd, msg: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-async def unsupported(envd: Envd, msg: dict[str, Any]) -> dict[str, Any]:
-    raise RpcError("unimplemented", "watching folders is not served by Orchard yet")
-
-
 for _name, _fn in (
     ("Stat", stat),
     ("MakeDir", make_dir),
     ("Move", move),
     ("ListDir", list_dir),
     ("Remove", remove),
-    ("CreateWatcher", unsupported),
-    ("GetWatcherEvents", unsupported),
-    ("RemoveWatcher", unsupported),
 ):
     router.add_api_route(PREFIX + _name, unary(_fn), methods=["POST"])

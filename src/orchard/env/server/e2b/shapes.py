@@ -30,9 +30,10 @@ TEMPLATES_ENV = "ORCHARD_E2B_TEMPLATES"
 TEMPLATE_LABEL = "e2b.template"
 LABEL_PREFIX = "e2b."
 # What the SDK reads to decide which envd features it may use: a default user (0.4.0),
-# closing stdin (0.5.2), octet-stream and gzip uploads (0.5.7); not file metadata
-# (0.6.2), which is not served.
-ENVD_VERSION = "0.5.7"
+# closing stdin (0.5.2), octet-stream and gzip uploads (0.5.7), file metadata (0.6.2:
+# refused with a 400, not dropped: files.py), entries in watch events (0.6.3), watching
+# network mounts (0.6.4: a polled watch works on any file system).
+ENVD_VERSION = "0.6.4"
 CLIENT_ID = "orchard"
 DEFAULT_TIMEOUT_S = 300
 
