@@ -1,6 +1,7 @@
 """The import layers of `src/orchard`, read from the source with `ast`: every import counts,
 the ones inside functions and under `TYPE_CHECKING` too, because a lazy import upward is
-still a dependency upward (docs/architecture.md, DESIGN.md "Layers and layout")."""
+still a dependency upward. The layers are written down in docs/architecture.md (the picture)
+and CONTRIBUTING.md ("Layers")."""
 
 from __future__ import annotations
 
