@@ -33,6 +33,7 @@ def service(
     cfg = ServiceConfig(
         state_dir=tmp_path_factory.mktemp("state"),
         api_keys={KEY: "alice"},
+        operators=frozenset({"alice"}),  # the error counters are the whole service's
         agent_binary=str(agent_binary),
         extra_labels=TEST_LABELS,
     )

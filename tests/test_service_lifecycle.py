@@ -25,6 +25,7 @@ def _config(state_dir: Path, agent_binary: Path, **kw: object) -> ServiceConfig:
     return ServiceConfig(
         state_dir=state_dir,
         api_keys={KEY: "tester"},
+        operators=frozenset({"tester"}),  # /metrics: the whole service's counters
         secret=b"lifecycle-secret",
         agent_binary=str(agent_binary),
         extra_labels={"orchard.test": "1"},

@@ -35,6 +35,7 @@ _NAMES = "|".join(re.escape(h) for h in sorted(SECRET_HEADERS, key=len, reverse=
 _QUOTED = re.compile(rf"(?i)(\b(?:{_NAMES})['\"]?\s*[:,=]\s*b?)(['\"])(.*?)(?<!\\)\2")
 # `Authorization: Bearer ...` up to the end of its line (a header dump, a raw head).
 _LINE = re.compile(rf"(?im)(\b(?:{_NAMES})[ \t]*:[ \t]*)([^'\"\r\n][^\r\n]*)")
+_HEADER = re.compile(_NAMES)  # on lower-cased text: a cheap test before the two above
 _BEARER = re.compile(r"(?i)(\bbearer\s+)(?!\[redacted\])[^\s'\",;]+")
 # Literal values shorter than this are left to the rules above (they would blank words).
 MIN_LITERAL = 8
@@ -75,15 +76,16 @@ class RedactKeys(logging.Filter):
             self._literal = re.compile("|".join(re.escape(v) for v in alts))
 
     def redact(self, value: str) -> str:
-        """`value` with every credential the rules know blanked."""
+        """`value` with every credential the rules know blanked (cheap checks first: most
+        log arguments, an address, a method, a plain path, match no rule)."""
         out = redact_query(value)
         low = out.lower()
         if "bearer" in low:
             out = _BEARER.sub(rf"\g<1>{R}", out)
-        if any(h in low for h in SECRET_HEADERS):
+        if (":" in out or "," in out or "=" in out) and _HEADER.search(low):
             out = _QUOTED.sub(rf"\g<1>\g<2>{R}\g<2>", out)
             out = _LINE.sub(rf"\g<1>{R}", out)
-        if self._literal is not None:
+        if self._literal is not None and self._literal.search(out):
             out = self._literal.sub(R, out)
         return out
 
