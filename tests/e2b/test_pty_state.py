@@ -78,3 +78,42 @@ def test_pause_and_resume(sdk: SDK) -> None:
     assert out["resumed"] == "running" and out["file"] == "kept"
     assert out["process_survived"] is True
     assert out["ttl"] > 250
+
+
+def test_snapshots_forks_network(sdk: SDK) -> None:
+    out = sdk.run(
+        """
+        sbx = Sandbox.create(timeout=120)
+        made = []
+        try:
+            sbx.files.write("/tmp/snap", "in the snapshot")
+            snap = sbx.create_snapshot(name="e2b-test-snap")
+            result["names"] = snap.names
+            listed = Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()
+            result["listed"] = [s.snapshot_id for s in listed] == [snap.snapshot_id]
+            for template in (snap.snapshot_id, "e2b-test-snap"):
+                made.append(Sandbox.create(template))
+            result["from_snapshot"] = [m.files.read("/tmp/snap") for m in made]
+            forks = sbx.fork(count=2)
+            made += [f for f in forks if isinstance(f, Sandbox)]
+            result["forks"] = [f.files.read("/tmp/snap") for f in made[2:]]
+            result["fork_ids"] = len({f.sandbox_id for f in made[2:]} | {sbx.sandbox_id})
+            after = Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()
+            result["forks_unlisted"] = [s.snapshot_id for s in after] == [snap.snapshot_id]
+            result["deleted"] = [Sandbox.delete_snapshot(snap.snapshot_id),
+                                 Sandbox.delete_snapshot(snap.snapshot_id)]
+            result["net_before"] = sbx.get_info().allow_internet_access
+            sbx.update_network({"allow_internet_access": False})
+            result["net_after"] = sbx.get_info().allow_internet_access
+        finally:
+            for m in made:
+                m.kill()
+            sbx.kill()
+        """
+    )
+    assert out["names"] == ["e2b-test-snap"] and out["listed"] is True
+    assert out["from_snapshot"] == ["in the snapshot"] * 2
+    assert out["forks"] == ["in the snapshot"] * 2 and out["fork_ids"] == 3
+    assert out["forks_unlisted"] is True
+    assert out["deleted"] == [True, False]
+    assert out["net_before"] is True and out["net_after"] is False

@@ -2,8 +2,8 @@
 
 Two surfaces on the same port, beside Orchard's own routes (docs/e2b.md):
 
-- the control API (`E2B_API_URL`): `control` (routes), `shapes` (E2B's JSON shapes,
-  templates as images);
+- the control API (`E2B_API_URL`): `control` (routes), `snapshots` (forks, snapshots,
+  network), `shapes` (E2B's JSON shapes, templates as images);
 - envd, the in-sandbox daemon (`E2B_SANDBOX_URL`, routed by the `E2b-Sandbox-Id`
   header): `process`, `filesystem` and `watch` (Connect RPC, framed by `connect`), `files`
   (`/health`, `/files`, with `multipart`), all translated to the sandbox's Orchard agent
@@ -17,10 +17,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from orchard.env.server.e2b import control, files, filesystem, process, watch
+from orchard.env.server.e2b import control, files, filesystem, process, snapshots, watch
 
 router = APIRouter(include_in_schema=False)
-for _sub in (control.router, process.router, filesystem.router, watch.router, files.router):
+for _sub in (
+    control.router,
+    snapshots.router,
+    process.router,
+    filesystem.router,
+    watch.router,
+    files.router,
+):
     router.include_router(_sub)
 
 __all__ = ["router"]

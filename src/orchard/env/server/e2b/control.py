@@ -19,8 +19,14 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from orchard.env.errors import InvalidRequest, NotFound, OrchardError, Unauthorized
-from orchard.env.models import NetworkPolicy, Sandbox, SandboxCreate
+from orchard.env.errors import (
+    InvalidRequest,
+    NotFound,
+    NotSupported,
+    OrchardError,
+    Unauthorized,
+)
+from orchard.env.models import Sandbox, SandboxCreate
 from orchard.env.server import state
 from orchard.env.server.auth import authorize, service_of
 from orchard.env.server.e2b import shapes
@@ -32,7 +38,7 @@ router = APIRouter(include_in_schema=False)
 MAX_PAGE = 1000
 
 
-class _Call:
+class Call:
     """One admitted control call: the service and the caller's owner."""
 
     def __init__(self, request: Request) -> None:
@@ -66,15 +72,15 @@ class _Call:
         return sandbox
 
 
-Handler = Callable[[_Call], Awaitable[Response]]
+Handler = Callable[[Call], Awaitable[Response]]
 
 
-def _route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     """Admit the call, run the handler, answer any failure in E2B's error shape."""
 
     async def endpoint(request: Request) -> Response:
         try:
-            return await handler(_Call(request))
+            return await handler(Call(request))
         except Unauthorized as e:
             return shapes.error(401, e.message)
         except ValidationError as e:
@@ -87,11 +93,11 @@ def _route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     return endpoint
 
 
-def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def json_answer(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return JSONResponse(data, status_code=status, headers=headers)
 
 
-def _timeout(value: Any, default: float | None = None) -> float | None:
+def seconds(value: Any, default: float | None = None) -> float | None:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
@@ -109,21 +115,20 @@ def _strings(value: Any, what: str) -> dict[str, str]:
     return value
 
 
-def _network(body: dict[str, Any]) -> NetworkPolicy:
-    """E2B allows the internet unless told not to (`allow_internet_access: false`, or a
-    network whose denyOut holds 0.0.0.0/0); an allowOut list then opens just those."""
-    network = body.get("network") or {}
-    deny = network.get("denyOut") or [] if isinstance(network, dict) else []
-    allow = network.get("allowOut") or [] if isinstance(network, dict) else []
-    if body.get("allow_internet_access") is False or "0.0.0.0/0" in deny:
-        return NetworkPolicy(egress="allow", allow=allow) if allow else NetworkPolicy()
-    return NetworkPolicy(egress="all")
-
-
 # ---------------------------------------------------------------- create / connect
 
 
-async def create(call: _Call) -> Response:
+async def find_snapshot(call: Call, template_id: str) -> str | None:
+    """The caller's snapshot a template id names (E2B starts sandboxes from snapshots as
+    from templates), by id or name, if any."""
+    try:
+        snaps = await state.list_snapshots(call.svc, call.owner)
+    except NotSupported:  # a backend without snapshots: every template is an image
+        return None
+    return next((s.id for s in snaps if template_id in (s.id, s.name)), None)
+
+
+async def create(call: Call) -> Response:
     body = await call.body()
     template = body.get("templateID")
     if not isinstance(template, str) or not template:
@@ -132,23 +137,25 @@ async def create(call: _Call) -> Response:
     metadata = _strings(body.get("metadata"), "metadata")
     if any(k.startswith(shapes.LABEL_PREFIX) for k in metadata):
         raise InvalidRequest(f"metadata keys starting with {shapes.LABEL_PREFIX!r} are reserved")
+    snapshot = None if template in shapes.templates() else await find_snapshot(call, template)
     req = SandboxCreate(
-        image=shapes.image_for(template),
-        timeout_s=_timeout(body.get("timeout")) or shapes.DEFAULT_TIMEOUT_S,
+        image="" if snapshot else shapes.image_for(template),
+        snapshot=snapshot,
+        timeout_s=seconds(body.get("timeout")) or shapes.DEFAULT_TIMEOUT_S,
         env=_strings(body.get("envVars"), "envVars"),
         labels={**metadata, shapes.TEMPLATE_LABEL: template},
-        network=_network(body),
+        network=shapes.network_policy(body),
     )
     sandbox = await while_connected(call.request, call.svc.create(call.owner, req))
-    return _json(shapes.created(sandbox, call.token(sandbox.id)), 201)
+    return json_answer(shapes.created(sandbox, call.token(sandbox.id)), 201)
 
 
-async def connect(call: _Call) -> Response:
+async def connect(call: Call) -> Response:
     """Resume a paused sandbox (201) or keep a running one (200); a `timeout` only ever
     lengthens its life, as E2B's does."""
     sid = call.request.path_params["sandbox_id"]
     body = await call.body()
-    timeout = _timeout(body.get("timeout"))
+    timeout = seconds(body.get("timeout"))
     sandbox = await call.live(sid)
     status = 200
     if sandbox.status == "paused":
@@ -156,7 +163,7 @@ async def connect(call: _Call) -> Response:
         status = 201
     if timeout and sandbox.expires_at.timestamp() < time.time() + timeout:
         sandbox = await call.svc.set_timeout(call.owner, sid, timeout)
-    return _json(shapes.created(sandbox, call.token(sid)), status)
+    return json_answer(shapes.created(sandbox, call.token(sid)), status)
 
 
 # ---------------------------------------------------------------- list / get / kill
@@ -173,7 +180,7 @@ def _wanted_states(params: Any) -> set[str]:
     return states or {"running", "paused"}
 
 
-async def _listed(call: _Call) -> list[Sandbox]:
+async def _listed(call: Call) -> list[Sandbox]:
     params = call.request.query_params
     wanted = _metadata_filter(params.get("metadata", ""))
     states = _wanted_states(params)
@@ -193,11 +200,11 @@ async def _listed(call: _Call) -> list[Sandbox]:
     return out
 
 
-async def list_v1(call: _Call) -> Response:
-    return _json([shapes.listed(sb) for sb in await _listed(call)])
+async def list_v1(call: Call) -> Response:
+    return json_answer([shapes.listed(sb) for sb in await _listed(call)])
 
 
-async def list_v2(call: _Call) -> Response:
+async def list_v2(call: Call) -> Response:
     """One page: `limit` (at most 1000) from after `nextToken` (the last id sent);
     `x-next-token` names the last of this page while more follow."""
     params = call.request.query_params
@@ -211,15 +218,15 @@ async def list_v2(call: _Call) -> Response:
         items = items[ids.index(after) + 1 :] if after in ids else []
     page = items[: int(limit)]
     headers = {"x-next-token": page[-1].id} if len(items) > len(page) else None
-    return _json([shapes.listed(sb) for sb in page], headers=headers)
+    return json_answer([shapes.listed(sb) for sb in page], headers=headers)
 
 
-async def get(call: _Call) -> Response:
+async def get(call: Call) -> Response:
     sid = call.request.path_params["sandbox_id"]
-    return _json(shapes.detail(await call.live(sid), call.token(sid)))
+    return json_answer(shapes.detail(await call.live(sid), call.token(sid)))
 
 
-async def kill(call: _Call) -> Response:
+async def kill(call: Call) -> Response:
     await call.svc.delete(call.owner, call.request.path_params["sandbox_id"])
     return Response(status_code=204)
 
@@ -227,9 +234,9 @@ async def kill(call: _Call) -> Response:
 # ---------------------------------------------------------------- lifetime
 
 
-async def set_timeout(call: _Call) -> Response:
+async def set_timeout(call: Call) -> Response:
     sid = call.request.path_params["sandbox_id"]
-    timeout = _timeout((await call.body()).get("timeout"))
+    timeout = seconds((await call.body()).get("timeout"))
     if timeout is None:
         raise InvalidRequest("timeout is required")
     await call.live(sid)
@@ -237,17 +244,17 @@ async def set_timeout(call: _Call) -> Response:
     return Response(status_code=204)
 
 
-async def refresh(call: _Call) -> Response:
+async def refresh(call: Call) -> Response:
     """Keep the sandbox alive `duration` seconds more from now (never shorter)."""
     sid = call.request.path_params["sandbox_id"]
-    duration = _timeout((await call.body()).get("duration"), 60.0) or 60.0
+    duration = seconds((await call.body()).get("duration"), 60.0) or 60.0
     sandbox = await call.live(sid)
     if sandbox.expires_at.timestamp() < time.time() + duration:
         await call.svc.set_timeout(call.owner, sid, duration)
     return Response(status_code=204)
 
 
-async def pause(call: _Call) -> Response:
+async def pause(call: Call) -> Response:
     sid = call.request.path_params["sandbox_id"]
     sandbox = await call.live(sid)
     if sandbox.status == "paused":
@@ -256,22 +263,22 @@ async def pause(call: _Call) -> Response:
     return Response(status_code=204)
 
 
-async def resume(call: _Call) -> Response:
+async def resume(call: Call) -> Response:
     sid = call.request.path_params["sandbox_id"]
     body = await call.body()
     sandbox = await call.live(sid)
     if sandbox.status != "paused":
         return shapes.error(409, f"sandbox {sid} is not paused")
     sandbox = await state.resume(call.svc, call.owner, sid)
-    timeout = _timeout(body.get("timeout"))
+    timeout = seconds(body.get("timeout"))
     if timeout:
         sandbox = await call.svc.set_timeout(call.owner, sid, timeout)
-    return _json(shapes.created(sandbox, call.token(sid)), 201)
+    return json_answer(shapes.created(sandbox, call.token(sid)), 201)
 
 
-async def metrics(call: _Call) -> Response:
+async def metrics(call: Call) -> Response:
     await call.live(call.request.path_params["sandbox_id"])
-    return _json([])
+    return json_answer([])
 
 
 SB = "/sandboxes/{sandbox_id}"
@@ -290,4 +297,4 @@ for _path, _method, _handler in (
     (SB + "/resume", "POST", resume),
     (SB + "/metrics", "GET", metrics),
 ):
-    router.add_api_route(_path, _route(_handler), methods=[_method])
+    router.add_api_route(_path, route(_handler), methods=[_method])

@@ -24,7 +24,7 @@ from orchard.env.errors import (
     QuotaExceeded,
     SandboxExited,
 )
-from orchard.env.models import Sandbox
+from orchard.env.models import NetworkPolicy, Sandbox
 
 TEMPLATES_ENV = "ORCHARD_E2B_TEMPLATES"
 TEMPLATE_LABEL = "e2b.template"
@@ -60,6 +60,18 @@ def templates() -> dict[str, str]:
 
 def image_for(template_id: str) -> str:
     return templates().get(template_id, template_id)
+
+
+def network_policy(body: dict[str, Any]) -> NetworkPolicy:
+    """E2B allows the internet unless told not to (`allow_internet_access: false`, or a
+    network whose denyOut holds 0.0.0.0/0); an allowOut list then opens just those."""
+    network = body.get("network")
+    network = network if isinstance(network, dict) else {}
+    deny = network.get("denyOut") or []
+    allow = network.get("allowOut") or []
+    if body.get("allow_internet_access") is False or "0.0.0.0/0" in deny:
+        return NetworkPolicy(egress="allow", allow=allow) if allow else NetworkPolicy()
+    return NetworkPolicy(egress="all")
 
 
 def _rfc3339(when: datetime) -> str:
