@@ -7,7 +7,9 @@ The provider is registered through Inspect's `inspect_ai` entry point, so instal
 `orchard[integrations]` is enough. The config is an image name, or a YAML/JSON file (or an
 `OrchardSandboxConfig`) with image, cpu, memory, egress, allow, env, user, workdir and
 timeout_s. Every sample gets a fresh sandbox, deleted when the sample ends (success, error or
-cancel); `inspect sandbox cleanup orchard [ID]` deletes what an aborted run left.
+cancel); `inspect sandbox cleanup orchard [ID]` deletes what an aborted run left. Nothing
+runs in a new sandbox before the solver does: the working directory (the config's `workdir`,
+else the image's) is asked of the agent only when a relative path needs it.
 
 One client per process serves every task: `task_init` opens it (embedded service on the
 local Docker engine, or `ORCHARD_URL`), `task_cleanup` closes it when the last task ends.
@@ -152,10 +154,10 @@ def _unavailable(exc: OrchardError) -> Exception:
 class OrchardSandboxEnvironment(SandboxEnvironment):
     """One sample's Orchard sandbox."""
 
-    def __init__(self, sandbox: Any, workdir: str, user: str | None) -> None:
+    def __init__(self, sandbox: Any, workdir: str | None, user: str | None) -> None:
         super().__init__()
         self.sandbox = sandbox  # an orchard AsyncSandbox
-        self.workdir = workdir
+        self.workdir = workdir  # None: the image's, not looked up yet (see `working_dir`)
         self.user = user
 
     # ---- lifecycle
@@ -194,13 +196,7 @@ class OrchardSandboxEnvironment(SandboxEnvironment):
             timeout_s=cfg.timeout_s,
             labels=labels_for(TOOL, {**cfg.labels, "inspect-task": label_value(task_name)}),
         )
-        try:
-            workdir = cfg.workdir or (await sb.exec(["pwd"])).stdout.strip() or "/"
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await sb.delete()
-            raise
-        return {"default": cls(sb, workdir, cfg.user)}
+        return {"default": cls(sb, cfg.workdir, cfg.user)}
 
     @classmethod
     async def sample_cleanup(
@@ -233,8 +229,26 @@ class OrchardSandboxEnvironment(SandboxEnvironment):
 
     # ---- exec and files
 
-    def _path(self, file: str) -> str:
-        return posixpath.normpath(posixpath.join(self.workdir, file))
+    async def working_dir(self) -> str:
+        """Where commands run and relative paths start: the config's `workdir`, else the
+        agent's own working directory (the image's WORKDIR, which commands inherit), read
+        once as the target of /proc/self/cwd through the file API. Running `pwd` needed a
+        `pwd` executable in the image: without one, every sample failed."""
+        if self.workdir is None:
+            try:
+                st = await self.sandbox.files.stat("/proc/self/cwd")
+            except NotFound:  # no procfs: the runtime's default
+                self.workdir = "/"
+            except (SandboxExited, Unavailable) as exc:
+                raise _unavailable(exc) from exc
+            else:
+                self.workdir = st.link_target or "/"
+        return self.workdir
+
+    async def _path(self, file: str) -> str:
+        if posixpath.isabs(file):
+            return posixpath.normpath(file)
+        return posixpath.normpath(posixpath.join(await self.working_dir(), file))
 
     async def exec(
         self,
@@ -251,7 +265,7 @@ class OrchardSandboxEnvironment(SandboxEnvironment):
             result = await self.sandbox.exec(
                 cmd,
                 stdin=input,
-                cwd=self._path(cwd) if cwd else self.workdir,
+                cwd=await self._path(cwd) if cwd else None,  # None: the agent's default
                 env=env or {},
                 user=user or self.user,
                 timeout_s=timeout,
@@ -274,7 +288,7 @@ class OrchardSandboxEnvironment(SandboxEnvironment):
         return ExecResult(result.exit_code == 0, result.exit_code, result.stdout, result.stderr)
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
-        path = self._path(file)
+        path = await self._path(file)
         try:
             await self.sandbox.files.write(path, contents)
         except Conflict as exc:
@@ -291,7 +305,7 @@ class OrchardSandboxEnvironment(SandboxEnvironment):
     async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
 
     async def read_file(self, file: str, text: bool = True) -> str | bytes:
-        path = self._path(file)
+        path = await self._path(file)
         try:
             data: bytes = await self.sandbox.files.read(path, length=_READ_LIMIT + 1)
         except NotFound as exc:
