@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from orchard.env.config import ServiceConfig
-from orchard.env.errors import NotFound, NotSupported, PoolMismatch, QuotaExceeded
+from orchard.env.errors import ImageRefused, NotFound, NotSupported, PoolMismatch, QuotaExceeded
 from orchard.env.limits import Limits
 from orchard.env.pool_models import PoolCreate
 from orchard.env.sdk import Orchard
@@ -174,6 +174,18 @@ def test_empty_pool_falls_back_and_a_mismatch_is_refused(
         with pytest.raises(NotFound):
             c.sandboxes.create(busybox_image, pool="nope")
         assert c.pools.get("empty").ready == 0
+
+
+def test_a_pool_of_an_image_the_policy_refuses_is_refused_at_once(
+    service: EmbeddedService,
+) -> None:
+    """A refused name used to be a 201 whose refills failed forever (issue 31, hole 2)."""
+    with _client(service) as c:
+        for image in ("orchard-snapshot:snap-0123", "docker-daemon:x:1", "127.0.0.1:5000/x:1"):
+            with pytest.raises(ImageRefused) as err:
+                c.pools.create("refused", image, 1)
+            assert err.value.status == 422 and err.value.code == "image_refused"
+        assert [p.name for p in c.pools.list()] == []
 
 
 def test_pool_refills_under_churn(service: EmbeddedService, busybox_image: str) -> None:

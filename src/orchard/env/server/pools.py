@@ -43,6 +43,7 @@ from orchard.env.errors import (
     PoolMismatch,
     QuotaExceeded,
 )
+from orchard.env.image_policy import FILE_TRANSPORTS
 from orchard.env.models import MAX_TTL_S, NetworkPolicy, Sandbox, SandboxCreate
 from orchard.env.pool_models import AgentDefaults, Pool, PoolCreate, PoolSettings
 from orchard.env.server.admission import Admission
@@ -223,6 +224,9 @@ class PoolManager:
         except ValidationError as e:
             raise InvalidRequest(f"invalid pool settings: {e.errors()[0]['msg']}") from None
         sample = self.svc.build_spec(owner, template)  # sized as a create is (sizing.py)
+        if not body.image.startswith(FILE_TRANSPORTS):  # files: the backend checks the folder
+            # A name the policy refuses would only show as failed refills: refuse it now.
+            self.svc.config.image_policy.check(body.image)
         self.svc.admission.check_size(sample)  # its refills could never be admitted
         rec = PoolRecord(
             owner=owner,
