@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import signal
 import subprocess
 import tarfile
 import threading
@@ -450,3 +451,32 @@ async def test_port_proxy_forwards_method_query_headers_body(
     assert seen["path"] in ("/api/items?q=a+b&n=2", "/api/items?q=a%20b&n=2")
     assert seen["headers"]["x-custom"] == "kept"
     assert "authorization" not in seen["headers"]  # the agent's token never leaves the agent
+
+
+async def test_a_stopped_agent_fails_fast_unless_the_service_froze_it(
+    host_agent: HostAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOP stands in for a debugger on PID 1 (issue 31): calls fail as unresponsive in
+    about PROBE_AFTER_S + PROBE_TIMEOUT_S; while `held` (a snapshot's freeze) they wait."""
+    from orchard.env.errors import SandboxUnresponsive
+    from orchard.env.server import agent_client
+
+    for name, value in (("PROBE_AFTER_S", 0.2), ("PROBE_EVERY_S", 0.2), ("PROBE_TIMEOUT_S", 0.5)):
+        monkeypatch.setattr(agent_client, name, value)
+    monkeypatch.setattr(agent_client, "VERDICT_S", 0.0)
+    agent = client_for(host_agent)
+    pid = host_agent.proc.pid
+    try:
+        await agent.request("GET", "/health")  # connected before the stop
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(SandboxUnresponsive):
+            await asyncio.wait_for(agent.request("GET", "/health"), 10)
+        with agent.held():
+            call = asyncio.ensure_future(agent.request("GET", "/health"))
+            await asyncio.sleep(1.5)  # well past the verdict above
+            assert not call.done()
+            os.kill(pid, signal.SIGCONT)
+            assert (await asyncio.wait_for(call, 10)).status_code == 200
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await agent.aclose()

@@ -21,8 +21,8 @@ import asyncio
 import json as jsonlib
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from types import TracebackType
 from typing import Any, TypedDict, Unpack
 from urllib.parse import urlencode
@@ -161,6 +161,7 @@ class AgentClient:
         self._probe_pool: AsyncPool | None = None
         self._probing: asyncio.Task[bool] | None = None
         self._verdict = (-VERDICT_S, True)  # (when, alive)
+        self._held = 0  # > 0 while the service itself has the sandbox frozen (`held`)
 
     def _new_pool(self, max_connections: int) -> AsyncPool:
         opts: dict[str, Any] = {
@@ -296,10 +297,22 @@ class AgentClient:
 
     # ------------------------------------------------------------ liveness
 
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """While the service itself freezes the sandbox (a snapshot's commit or dump),
+        calls in flight wait for it instead of failing as unresponsive."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+
     async def alive(self) -> bool:
         """Whether the agent answers at all: its /health within PROBE_TIMEOUT_S, on a
         connection of its own. One check at a time, shared by every caller; its verdict
-        stands for VERDICT_S."""
+        stands for VERDICT_S. Alive by definition while `held`."""
+        if self._held:
+            return True
         at, verdict = self._verdict
         if time.monotonic() - at < VERDICT_S:
             return verdict

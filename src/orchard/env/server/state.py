@@ -32,6 +32,7 @@ from orchard.env.backends.volume_base import mount_strings
 from orchard.env.errors import NotFound, NotSupported, SandboxPaused
 from orchard.env.models import BatchCreateResult, Sandbox, SandboxCreate
 from orchard.env.server.admission import Admission
+from orchard.env.server.agent_client import AgentClient
 from orchard.env.state_models import (
     FileDiff,
     ForkRequest,
@@ -57,6 +58,7 @@ class SandboxService(Protocol):
     def to_model(self, rec: SandboxRecord) -> Sandbox: ...
     def touch(self, sandbox_id: str) -> None: ...
     async def drop_conn(self, sandbox_id: str) -> None: ...
+    def connection(self, rec: SandboxRecord) -> AgentClient: ...
 
 
 # Fields of a create that, when not given, come from the snapshot's settings.
@@ -193,7 +195,8 @@ async def take_snapshot(
             name=body.name,
             memory=body.memory,
         )
-        snap = await backend.snapshot(sandbox_id, snap)
+        with svc.connection(rec).held():  # frozen by us, not stopped: calls wait
+            snap = await backend.snapshot(sandbox_id, snap)
         svc.touch(sandbox_id)
         try:  # its size is known only now: over the byte budget, it goes at once
             svc.admission.check_snapshot_bytes(snap, await _held(backend))
