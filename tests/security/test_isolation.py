@@ -51,7 +51,7 @@ def _failed_probes(out: str) -> int:
 
 
 def _agent(svc: Service, sid: str, token: str) -> httpx.Client:
-    sock = svc.state_dir / "sandboxes" / sid / "run" / "agent.sock"
+    sock = svc.state_dir / "sandboxes" / sid / "agent.sock"  # the pinned socket's link
     return httpx.Client(
         transport=httpx.HTTPTransport(uds=str(sock)),
         base_url="http://agent",

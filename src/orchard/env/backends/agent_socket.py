@@ -30,6 +30,7 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from orchard.env.backends.failures import hidden
@@ -63,35 +64,42 @@ def tmpfs_device(root: Path) -> int | None:
     return st.st_dev
 
 
-def mount_tmpfs(root: Path) -> int | None:
-    """The device of the sockets tmpfs at `root`, mounted first if there is none (under a
-    lock beside it, so two services over one state dir never mount it twice). None when
-    this process may not mount (not root: rootless Docker): the folders are then on the
-    state dir's disk, unbounded, as the caller warns, unless the operator mounts one."""
-    root.mkdir(mode=0o700, exist_ok=True)
+@contextlib.contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """Held to mount the tmpfs, to add a folder to it and to unmount it: services over
+    one state dir never mount it twice, nor unmount it under another's new folder."""
+    root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.with_name(root.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def mount_tmpfs(root: Path) -> int | None:
+    """The device of the sockets tmpfs at `root`, mounted first if there is none (call it
+    `locked`). None when this process may not mount (not root: rootless Docker): the
+    folders are then on the state dir's disk, unbounded, as the caller warns, unless the
+    operator mounts one there."""
+    root.mkdir(mode=0o700, exist_ok=True)
+    dev = tmpfs_device(root)
+    if dev is None:
+        options = f"size={TMPFS_BYTES},nr_inodes=0,mode=0700"
+        try:
+            mount("tmpfs", root, "tmpfs", options, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        except PermissionError:
+            return None
+        except OSError as exc:
+            raise hidden(
+                Unavailable, "cannot make the agents' socket folder", str(exc), log
+            ) from exc
         dev = tmpfs_device(root)
         if dev is None:
-            options = f"size={TMPFS_BYTES},nr_inodes=0,mode=0700"
-            try:
-                mount("tmpfs", root, "tmpfs", options, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-            except PermissionError:
-                return None
-            except OSError as exc:
-                raise hidden(
-                    Unavailable, "cannot make the agents' socket folder", str(exc), log
-                ) from exc
-            dev = tmpfs_device(root)
-            if dev is None:
-                raise hidden(Unavailable, "cannot make the agents' socket folder", str(root), log)
-        return dev
+            raise hidden(Unavailable, "cannot make the agents' socket folder", str(root), log)
+    return dev
 
 
 def release_tmpfs(root: Path) -> None:
     """Unmount the sockets tmpfs once no sandbox has a folder on it (a backend's close)."""
-    with contextlib.suppress(OSError), open(root.with_name(root.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with contextlib.suppress(OSError), locked(root):
         if tmpfs_device(root) is None or any(root.iterdir()):
             return
         if _libc.umount2(str(root).encode(), 0) == 0:

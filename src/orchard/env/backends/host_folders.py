@@ -88,27 +88,34 @@ class HostFolders:
         """The sandbox's private folder and its socket folder on the tmpfs (mounted now if
         it is not: agent_socket.mount_tmpfs), with `agent.sock` pointing at the pin."""
         root = self._sockets()
-        dev = self._sockets_dev
-        with contextlib.suppress(OSError):
-            if dev is not None and os.stat(root).st_dev != dev:
-                dev = None  # unmounted since (another backend's close over this state dir)
-        if dev is None and not self._sockets_on_disk:
-            dev = self._sockets_dev = agent_socket.mount_tmpfs(root)
-            if dev is None:
-                self._sockets_on_disk = True
-                log.warning(
-                    "cannot mount the agents' sockets tmpfs at %s (not root): sandboxes can "
-                    "write to their socket folder on the state dir's disk without bound; "
-                    "mount a small tmpfs there (docs/backends.md)",
-                    root,
-                )
         box, folder = self._box(sandbox_id), root / sandbox_id
         box.mkdir(mode=0o700)
         box.chmod(0o700)  # not subject to the umask
-        shutil.rmtree(folder, ignore_errors=True)  # a crash's leftover: ids are never reused
-        folder.mkdir(mode=0o700)
-        (folder / "run").mkdir(mode=0o755)
+        with agent_socket.locked(root):
+            self._mount_sockets(root)
+            shutil.rmtree(folder, ignore_errors=True)  # a crash's leftover: ids never recur
+            folder.mkdir(mode=0o700)
+            (folder / "run").mkdir(mode=0o755)
         os.symlink(folder / SOCKET_NAME, box / SOCKET_NAME)
+
+    def _mount_sockets(self, root: Path) -> None:
+        dev = self._sockets_dev
+        try:
+            if dev is not None and os.stat(root).st_dev != dev:
+                dev = None  # unmounted since (another backend's close over this state dir)
+        except OSError:
+            dev = None  # and removed
+        if dev is not None or self._sockets_on_disk:
+            return
+        dev = self._sockets_dev = agent_socket.mount_tmpfs(root)
+        if dev is None:
+            self._sockets_on_disk = True
+            log.warning(
+                "cannot mount the agents' sockets tmpfs at %s (not root): sandboxes can "
+                "write to their socket folder on the state dir's disk without bound; "
+                "mount a small tmpfs there (docs/backends.md)",
+                root,
+            )
 
     async def _pin_socket(self, sandbox_id: str) -> bool:
         """Wait for the agent's socket and pin it (agent_socket.py)."""
