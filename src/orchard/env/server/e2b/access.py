@@ -50,6 +50,7 @@ TAG_HEX, MAC_HEX = 16, 48
 SANDBOX_HEADER = "e2b-sandbox-id"
 PORT_HEADER = "e2b-sandbox-port"
 TOKEN_HEADER = "x-access-token"
+TRAFFIC_HEADER = "e2b-traffic-access-token"
 
 
 def _hmac(secret: bytes, *parts: str) -> str:
@@ -60,16 +61,17 @@ def _tag(secret: bytes, owner: str) -> str:
     return _hmac(secret, "e2b-envd-owner", owner)[:TAG_HEX]
 
 
-def envd_token(secret: bytes, owner: str, sandbox_id: str) -> str:
-    """The envd access token the control API hands out for one sandbox of one owner."""
+def envd_token(secret: bytes, owner: str, sandbox_id: str, *, kind: str = "envd") -> str:
+    """The envd access token the control API hands out for one sandbox of one owner, or
+    (`kind="traffic"`) its traffic token, which opens the sandbox's other ports only."""
     tag = _tag(secret, owner)
-    return tag + _hmac(secret, "e2b-envd", sandbox_id, tag)[:MAC_HEX]
+    return tag + _hmac(secret, f"e2b-{kind}", sandbox_id, tag)[:MAC_HEX]
 
 
-def _genuine(secret: bytes, sandbox_id: str, token: str) -> str | None:
+def _genuine(secret: bytes, sandbox_id: str, token: str, kind: str = "envd") -> str | None:
     """The owner tag of a token minted for this sandbox id, or None (constant time)."""
     tag, mac = token[:TAG_HEX], token[TAG_HEX:]
-    want = _hmac(secret, "e2b-envd", sandbox_id, tag)[:MAC_HEX]
+    want = _hmac(secret, f"e2b-{kind}", sandbox_id, tag)[:MAC_HEX]
     return tag if hmac.compare_digest(want.encode(), mac.encode()) else None
 
 
@@ -153,21 +155,32 @@ def routed_id(request: Request) -> str | None:
     return request.headers.get(SANDBOX_HEADER) or None
 
 
+def port_of(request: Request) -> int:
+    """The sandbox port a routed request is for (envd's unless the header names one)."""
+    raw = request.headers.get(PORT_HEADER, str(ENVD_PORT))
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise RpcError("invalid_argument", f"{PORT_HEADER}: {raw[:8]!r} is not a port")
+    return int(raw)
+
+
 async def admit(request: Request) -> Envd:
-    """Route and admit one envd request; raises NotRouted or the Connect error."""
+    """Route and admit one request for a sandbox (envd's port, or another one with the
+    envd token or the traffic token); raises NotRouted or the Connect error."""
     sandbox_id = routed_id(request)
     if sandbox_id is None:
         raise NotRouted()
-    port = request.headers.get(PORT_HEADER, str(ENVD_PORT))
-    if port != str(ENVD_PORT):
-        raise RpcError("unimplemented", f"port {port[:8]!r}: only envd's port is served here")
+    envd = port_of(request) == ENVD_PORT
     svc = service_of(request)
     if svc is None:
         raise RpcError("unavailable", "the service has not started")
+    secret = svc.config.secret
     token = request.headers.get(TOKEN_HEADER, "")
-    tag = _genuine(svc.config.secret, sandbox_id, token)
+    tag = _genuine(secret, sandbox_id, token)
+    if tag is None and not envd:
+        traffic = request.headers.get(TRAFFIC_HEADER, "")
+        tag = _genuine(secret, sandbox_id, traffic, "traffic")
     if tag is None:
-        raise RpcError("unauthenticated", "invalid or missing X-Access-Token for this sandbox")
+        raise RpcError("unauthenticated", "invalid or missing access token for this sandbox")
     owner = await svc.owner_of(sandbox_id)
     if owner is None or not hmac.compare_digest(_tag(svc.config.secret, owner), tag):
         raise gone(sandbox_id)

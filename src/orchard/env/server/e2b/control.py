@@ -52,6 +52,12 @@ class Call:
     def token(self, sandbox_id: str) -> str:
         return envd_token(self.svc.config.secret, self.owner, sandbox_id)
 
+    def created(self, sandbox: Sandbox) -> dict[str, Any]:
+        """E2B's `Sandbox` for one of the caller's, with its envd and traffic tokens."""
+        secret = self.svc.config.secret
+        traffic = envd_token(secret, self.owner, sandbox.id, kind="traffic")
+        return shapes.created(sandbox, self.token(sandbox.id), traffic)
+
     async def body(self) -> dict[str, Any]:
         raw = await self.request.body()
         if not raw.strip():
@@ -147,7 +153,7 @@ async def create(call: Call) -> Response:
         network=shapes.network_policy(body),
     )
     sandbox = await while_connected(call.request, call.svc.create(call.owner, req))
-    return json_answer(shapes.created(sandbox, call.token(sandbox.id)), 201)
+    return json_answer(call.created(sandbox), 201)
 
 
 async def connect(call: Call) -> Response:
@@ -163,7 +169,7 @@ async def connect(call: Call) -> Response:
         status = 201
     if timeout and sandbox.expires_at.timestamp() < time.time() + timeout:
         sandbox = await call.svc.set_timeout(call.owner, sid, timeout)
-    return json_answer(shapes.created(sandbox, call.token(sid)), status)
+    return json_answer(call.created(sandbox), status)
 
 
 # ---------------------------------------------------------------- list / get / kill
@@ -273,7 +279,7 @@ async def resume(call: Call) -> Response:
     timeout = seconds(body.get("timeout"))
     if timeout:
         sandbox = await call.svc.set_timeout(call.owner, sid, timeout)
-    return json_answer(shapes.created(sandbox, call.token(sid)), 201)
+    return json_answer(call.created(sandbox), 201)
 
 
 async def metrics(call: Call) -> Response:

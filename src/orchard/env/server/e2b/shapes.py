@@ -95,7 +95,7 @@ def state_of(sandbox: Sandbox) -> str | None:
     return None
 
 
-def created(sandbox: Sandbox, token: str) -> dict[str, Any]:
+def created(sandbox: Sandbox, token: str, traffic: str | None = None) -> dict[str, Any]:
     """E2B's `Sandbox`: what create and connect answer."""
     return {
         "templateID": template_of(sandbox),
@@ -105,7 +105,7 @@ def created(sandbox: Sandbox, token: str) -> dict[str, Any]:
         "envdAccessToken": token,
         "alias": template_of(sandbox),
         "domain": None,
-        "trafficAccessToken": None,
+        "trafficAccessToken": traffic,
     }
 
 

@@ -103,7 +103,7 @@ async def fork(call: Call) -> Response:
     except MemoryNotSupported:
         req = req.model_copy(update={"memory": False})
         result = await state.fork(call.svc, call.owner, sid, req)
-    made = [{"sandbox": shapes.created(sb, call.token(sb.id))} for sb in result.sandboxes]
+    made = [{"sandbox": call.created(sb)} for sb in result.sandboxes]
     return json_answer(made, 201)
 
 
