@@ -125,6 +125,7 @@ def stop_service(svc: Service) -> None:
 
 
 UPLOAD_LIMIT = 4 << 20
+DOMAIN = "e2b.test"  # sandboxes by host name: <port>-<id>.e2b.test
 
 
 @pytest.fixture(scope="session")
@@ -145,6 +146,7 @@ def e2b_service(
         "docker",
         ORCHARD_MAX_UPLOAD_BYTES=str(UPLOAD_LIMIT),
         ORCHARD_REGISTRIES=f"docker.io,*,{registry}",
+        ORCHARD_E2B_DOMAIN=DOMAIN,
     )
     try:
         yield svc

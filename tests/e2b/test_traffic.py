@@ -4,7 +4,7 @@ routing header reaches the sandbox's server."""
 
 from __future__ import annotations
 
-from tests.e2b.conftest import SDK
+from tests.e2b.conftest import DOMAIN, SDK
 
 ECHO_SERVER = r"""
 import http.server, json
@@ -68,3 +68,42 @@ def test_other_ports(sdk: SDK) -> None:
     assert out["traffic_on_envd"] == 401
     assert out["closed_port"] == 502
     assert out["orchard_route_kept"] == 200
+
+
+def test_routing_by_host_name(sdk: SDK) -> None:
+    """`<port>-<id>.<domain>`, as the SDK names a sandbox without E2B_SANDBOX_URL (a TLS
+    front proxy in front of the service in production; plain HTTP here)."""
+    out = sdk.run(
+        f"""
+        import httpx
+        url = os.environ["E2B_SANDBOX_URL"]
+        with Sandbox.create() as sbx:
+            sbx.files.write("/tmp/by-host", "hello")
+            sbx.files.write("/tmp/echo.py", {ECHO_SERVER!r})
+            sbx.commands.run("python3 /tmp/echo.py", background=True)
+            def host(port):
+                return {{"Host": f"{{port}}-{{sbx.sandbox_id}}.{DOMAIN}:443"}}
+            token = {{"X-Access-Token": sbx._envd_access_token}}
+            r = httpx.get(url + "/health", headers={{**host(49983), **token}})
+            result["health"] = r.status_code
+            r = httpx.get(url + "/files", params={{"path": "/tmp/by-host"}},
+                          headers={{**host(49983), **token}})
+            result["read"] = [r.status_code, r.text]
+            result["no_token"] = httpx.get(url + "/health", headers=host(49983)).status_code
+            traffic = {{"E2B-Traffic-Access-Token": sbx.traffic_access_token}}
+            for _ in range(100):
+                r = httpx.get(url + "/x", headers={{**host(8080), **traffic}})
+                if r.status_code != 502:
+                    break
+                time.sleep(0.1)
+            result["port"] = [r.status_code, r.json()["path"]]
+            other = {{"Host": f"49983-{{sbx.sandbox_id}}.elsewhere.test"}}
+            r = httpx.get(url + "/health", headers={{**other, **token}})
+            result["other_domain"] = r.status_code
+        """
+    )
+    assert out["health"] == 204
+    assert out["read"] == [200, "hello"]
+    assert out["no_token"] == 401
+    assert out["port"] == [200, "/x"]
+    assert out["other_domain"] == 404  # not routed: Orchard's own 404 for /health

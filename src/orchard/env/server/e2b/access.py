@@ -18,6 +18,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import httpx
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.types import Scope
 
 from orchard.env.errors import AgentUnavailable, NotFound, OrchardError
 from orchard.env.server.agent_client import STREAMING, AgentClient, Options, error_of
@@ -51,6 +53,7 @@ SANDBOX_HEADER = "e2b-sandbox-id"
 PORT_HEADER = "e2b-sandbox-port"
 TOKEN_HEADER = "x-access-token"
 TRAFFIC_HEADER = "e2b-traffic-access-token"
+DOMAIN_ENV = "ORCHARD_E2B_DOMAIN"
 
 
 def _hmac(secret: bytes, *parts: str) -> str:
@@ -150,14 +153,41 @@ def basic_user(request: Request) -> str | None:
     return user or None
 
 
+def _domain() -> str:
+    """The domain sandboxes are reached under by host name (`ORCHARD_E2B_DOMAIN`), if any."""
+    return os.environ.get(DOMAIN_ENV, "").strip().strip(".").lower()
+
+
+def target(scope: Scope) -> tuple[str, str] | None:
+    """(sandbox id, port) a request is routed to: by E2B's headers, else by a host name
+    `<port>-<sandbox id>.<domain>` under ORCHARD_E2B_DOMAIN; None: not routed."""
+    headers = dict(scope.get("headers") or [])
+    sid = headers.get(SANDBOX_HEADER.encode(), b"").decode("latin-1")
+    if sid:
+        return sid, headers.get(PORT_HEADER.encode(), b"%d" % ENVD_PORT).decode("latin-1")
+    domain = _domain()
+    host = headers.get(b"host", b"").decode("latin-1").lower()
+    name, _, port_part = host.rpartition(":")
+    host = name if port_part.isdigit() else host
+    if not domain or not host.endswith("." + domain):
+        return None
+    label = host[: -len(domain) - 1]
+    port, sep, sid = label.partition("-")
+    if not sep or not port.isdigit() or not sid or "." in sid:
+        return None
+    return sid, port
+
+
 def routed_id(request: Request) -> str | None:
-    """The sandbox an envd request is for, by its header (None: not an envd request)."""
-    return request.headers.get(SANDBOX_HEADER) or None
+    """The sandbox a request is for (None: not one of E2B's sandbox requests)."""
+    found = target(request.scope)
+    return found[0] if found else None
 
 
 def port_of(request: Request) -> int:
-    """The sandbox port a routed request is for (envd's unless the header names one)."""
-    raw = request.headers.get(PORT_HEADER, str(ENVD_PORT))
+    """The sandbox port a routed request is for (envd's unless it names another)."""
+    found = target(request.scope)
+    raw = found[1] if found else str(ENVD_PORT)
     if not raw.isdigit() or not 0 < int(raw) < 65536:
         raise RpcError("invalid_argument", f"{PORT_HEADER}: {raw[:8]!r} is not a port")
     return int(raw)

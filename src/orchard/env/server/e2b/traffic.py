@@ -28,6 +28,7 @@ from orchard.env.server.e2b.access import (
     TRAFFIC_HEADER,
     admit,
     port_of,
+    target,
 )
 from orchard.env.server.e2b.connect import CODE_STATUS, RpcError, from_orchard
 from orchard.env.server.routes.ports import METHODS, relay_port
@@ -38,9 +39,8 @@ _KEPT_OUT = {h.encode() for h in (SANDBOX_HEADER, PORT_HEADER, TOKEN_HEADER, TRA
 def _other_port(scope: Scope) -> bool:
     if scope["type"] != "http":
         return False
-    headers = dict(scope.get("headers") or [])
-    port = headers.get(PORT_HEADER.encode())
-    return SANDBOX_HEADER.encode() in headers and port is not None and port != b"%d" % ENVD_PORT
+    found = target(scope)
+    return found is not None and found[1] != str(ENVD_PORT)
 
 
 class PortRoute(APIRoute):
