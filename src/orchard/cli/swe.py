@@ -23,6 +23,7 @@ from orchard.cli._common import (
     print_table,
 )
 from orchard.cli._common import out as console
+from orchard.cli._eval_log import NoEvalLogOpt, export_log_command, write_eval_log
 
 swe_app = typer.Typer(
     help="SWE-bench-style tasks: images, agent runs, grading, distillation.",
@@ -138,8 +139,10 @@ def run(
     fork: ForkOpt = True,
     setup: SetupOpt = None,
     as_json: JsonOpt = False,
+    no_eval_log: NoEvalLogOpt = False,
 ) -> None:
-    """Run the agent on every task (and grade it); writes preds.json, trajectories, reports."""
+    """Run the agent on every task (and grade it); writes preds.json, trajectories, reports
+    and the run as an Inspect log (run.eval)."""
     from orchard.swe.runner import model_factory, run_batch
 
     chosen = _load(tasks, instance, setup)
@@ -158,6 +161,8 @@ def run(
             labels=labels(label),
             fork=fork,
         )
+    if not no_eval_log:
+        write_eval_log(out, "swe")
     _print_summary(summary, as_json)
 
 
@@ -245,3 +250,6 @@ def to_mini(
     from orchard.swe.trajectory import SweTrajectory
 
     dst.write_text(json.dumps(SweTrajectory.load(src).to_minisweagent(), indent=1))
+
+
+swe_app.command("export-log")(export_log_command("swe"))

@@ -1,0 +1,134 @@
+"""Run folders as Inspect logs: a real run of each family (replayed or scripted models, the
+named fakes, in real sandboxes), written as `.eval` by the CLI and read back with
+`inspect_ai.log.read_eval_log`: samples, transcripts with tool calls, scores with their
+explanations, attachments and metadata."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from inspect_ai.log import EvalLog, read_eval_log
+from inspect_ai.model import ChatMessageAssistant, ChatMessageTool
+
+from orchard import Orchard
+from orchard.swe.images import build_images
+from orchard.swe.tasks import SAMPLE_DIR, Task, sample_tasks
+from tests.swe.conftest import embedded_client
+
+
+@pytest.fixture(scope="module")
+def swe_pair(
+    docker_ready: None, agent_binary: Path, pytestconfig: pytest.Config
+) -> Iterator[tuple[Orchard, list[Task]]]:
+    tasks = sample_tasks()
+    build_images(tasks)
+    with embedded_client(pytestconfig, agent_binary, "orch-evallog-") as client:
+        yield client, tasks
+
+
+def _cli(
+    family: str, *args: str, client: Orchard | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    if client is not None:
+        assert client.target.uds is not None
+        env["ORCHARD_URL"] = f"unix://{client.target.uds}"
+    return subprocess.run(
+        [sys.executable, "-m", "orchard.cli", family, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _read(path: Path) -> EvalLog:
+    log = read_eval_log(str(path), resolve_attachments=True)
+    assert log.status == "success" and log.samples
+    return log
+
+
+def test_swe_run_writes_an_inspect_log(
+    swe_pair: tuple[Orchard, list[Task]], tmp_path: Path
+) -> None:
+    client, tasks = swe_pair
+    task = tasks[0]
+    out = tmp_path / "run"
+    replay = f"replay:{SAMPLE_DIR / 'trajectories'}"
+    proc = _cli(
+        "swe",
+        "run",
+        "--model",
+        replay,
+        "--out",
+        str(out),
+        "-i",
+        task.instance_id,
+        "--json",
+        client=client,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["resolved_ids"] == [task.instance_id]  # stdout stays JSON
+    assert f"inspect view --log-dir {out}" in proc.stderr
+
+    log = _read(out / "run.eval")
+    assert log.eval.task == "orchard/swe" and log.eval.model == "replay:oracle"
+    assert log.results is not None and log.results.scores[0].metrics["accuracy"].value == 1.0
+    [sample] = log.samples or []
+    assert sample.id == task.instance_id and sample.epoch == 1
+    roles = [m.role for m in sample.messages]
+    assert roles[:3] == ["system", "user", "assistant"]
+    # every command is a bash tool call answered by its own output
+    calls = [m for m in sample.messages if isinstance(m, ChatMessageAssistant) and m.tool_calls]
+    results = [m for m in sample.messages if isinstance(m, ChatMessageTool)]
+    traj = json.loads((out / task.instance_id / f"{task.instance_id}.traj.json").read_text())
+    commands = [s["command"] for s in traj["steps"] if s["command"]]
+    assert [c.tool_calls[0].arguments["command"] for c in calls if c.tool_calls] == commands
+    assert [r.tool_call_id for r in results] == [c.tool_calls[0].id for c in calls if c.tool_calls]
+    assert "<returncode>0</returncode>" in results[0].text
+    # the score: SWE-bench's verdict, the F2P / P2P lists, the patch
+    assert sample.scores is not None
+    score = sample.scores["swebench"]
+    assert score.value == "C" and score.explanation is not None
+    assert score.explanation.startswith("RESOLVED_FULL")
+    for t in task.FAIL_TO_PASS + task.PASS_TO_PASS:
+        assert f"pass  {t}" in score.explanation
+    assert "FAIL_TO_PASS: " in score.explanation and "PASS_TO_PASS: " in score.explanation
+    assert score.answer == traj["submission"] and score.answer.startswith("diff --git")
+    assert sample.metadata["patch"] == traj["submission"]
+    assert sample.metadata["verify_status"] == "RESOLVED_FULL"
+    assert sample.metadata["stats"]["steps"] == len(traj["steps"])
+    usage = sample.model_usage["replay:oracle"]
+    assert usage.input_tokens == traj["stats"]["prompt_tokens"] > 0
+    assert sample.total_time == traj["stats"]["wall_s"] and sample.started_at
+
+    # export-log converts the same folder anywhere; --no-eval-log writes nothing
+    dest = tmp_path / "elsewhere.eval"
+    proc = _cli("swe", "export-log", str(out), "-o", str(dest))
+    assert proc.returncode == 0 and proc.stdout.strip() == str(dest), proc.stderr
+    [again] = _read(dest).samples or []
+    assert [(m.role, m.text) for m in again.messages] == [(m.role, m.text) for m in sample.messages]
+    assert again.scores == sample.scores
+    (out / "run.eval").unlink()
+    proc = _cli(
+        "swe",
+        "run",
+        "--model",
+        replay,
+        "--out",
+        str(out),
+        "-i",
+        task.instance_id,
+        "--no-eval-log",
+        client=client,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "run.eval").exists()
+    bad = _cli("swe", "export-log", str(tmp_path / "missing"))
+    assert bad.returncode == 1 and "error: not_found:" in bad.stderr
