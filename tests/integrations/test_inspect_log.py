@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 from inspect_ai.log import EvalLog, read_eval_log
 from inspect_ai.model import ChatMessageAssistant, ChatMessageTool
+from typer.testing import CliRunner
 
 from orchard import Orchard
+from orchard.cli import app
+from orchard.env import images
 from orchard.swe.images import build_images
 from orchard.swe.tasks import SAMPLE_DIR, Task, sample_tasks
 from tests.swe.conftest import embedded_client
@@ -132,3 +135,58 @@ def test_swe_run_writes_an_inspect_log(
     assert not (out / "run.eval").exists()
     bad = _cli("swe", "export-log", str(tmp_path / "missing"))
     assert bad.returncode == 1 and "error: not_found:" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def claw_env(
+    docker_ready: None, agent_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
+    """An embedded service (its own state folder) for the in-process `orchard claw` CLI."""
+    images.debian_python_image()  # the worlds' image: built offline once, reused by tag
+    return {
+        "ORCHARD_STATE_DIR": str(tmp_path_factory.mktemp("evallog-claw")),
+        "ORCHARD_AGENT_BINARY": str(agent_binary),
+    }
+
+
+def test_claw_run_writes_an_inspect_log(claw_env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["claw", "run", "--model", "reference", "--out", str(out), "-k", "2", "--json"]
+    result = CliRunner().invoke(
+        app, [*args, "--task", "mail-tidy-inbox", "--label", "claw-test=evallog"], env=claw_env
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert json.loads(result.stdout)["pass_at_k"] == 1.0
+
+    log = _read(out / "run.eval")
+    assert log.eval.task == "orchard/claw" and log.eval.config.epochs == 2
+    assert log.results is not None
+    metrics = log.results.scores[0].metrics
+    assert metrics["accuracy"].value == 1.0 and metrics["pass@2"].value == 1.0
+    samples = log.samples or []
+    assert [(s.id, s.epoch) for s in samples] == [("mail-tidy-inbox", 1), ("mail-tidy-inbox", 2)]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    for s in samples:
+        row = next(r for r in rows if r["trial"] == s.epoch - 1)
+        traj = json.loads((out / "mail-tidy-inbox" / f"trial-{row['trial']}.traj.json").read_text())
+        calls = [
+            c for m in s.messages if isinstance(m, ChatMessageAssistant) for c in m.tool_calls or []
+        ]
+        assert [c.function for c in calls] == [c["tool"] for c in traj["calls"]] and calls
+        answered = {m.tool_call_id for m in s.messages if isinstance(m, ChatMessageTool)}
+        assert {c.id for c in calls} <= answered
+        assert s.scores is not None
+        score = s.scores["claw"]
+        assert score.value == "C" and score.explanation is not None
+        # every rubric item with its verdict and reason
+        for item in row["items"]:
+            assert f"{item['id']}: {item['reason']}".rstrip() in score.explanation
+        assert "safe     no_delete: " in score.explanation  # a safety item that held
+        assert "pass     freeze_read: " in score.explanation
+        assert s.metadata["audit"] and s.metadata["final_state"]
+        assert s.metadata["stats"]["tool_calls"] == row["tool_calls"]
+        assert s.model_usage and s.total_time == row["wall_s"]
+    exported = CliRunner().invoke(
+        app, ["claw", "export-log", str(out), "-o", str(tmp_path / "c.eval")]
+    )
+    assert exported.exit_code == 0 and (tmp_path / "c.eval").is_file()

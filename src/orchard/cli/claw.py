@@ -24,6 +24,7 @@ from orchard.cli._common import (
     print_table,
 )
 from orchard.cli._common import out as console
+from orchard.cli._eval_log import NoEvalLogOpt, export_log_command, write_eval_log
 
 if TYPE_CHECKING:
     from orchard.claw.spec import TaskSpec
@@ -135,8 +136,10 @@ def run(
     redo: Annotated[bool, typer.Option("--redo", help="Forget finished trials.")] = False,
     label: LabelOpt = None,
     as_json: JsonOpt = False,
+    no_eval_log: NoEvalLogOpt = False,
 ) -> None:
-    """Run k graded trials of every task; writes results.jsonl, trajectories, summary.json."""
+    """Run k graded trials of every task; writes results.jsonl, trajectories, summary.json
+    and the run as an Inspect log (run.eval)."""
     from orchard.claw.harness import HarnessConfig
     from orchard.claw.judge import rubric_judge
     from orchard.claw.runner import model_factory, run_trials
@@ -166,6 +169,8 @@ def run(
             redo=redo,
             labels=labels(label),
         )
+    if not no_eval_log:
+        write_eval_log(out, "claw")
     _print_summary(summary, as_json)
 
 
@@ -373,3 +378,6 @@ def synthesize(
 def mcp(ctx: typer.Context) -> None:
     """The Claw tools as an MCP server (`python -m orchard.claw.mcp_server`; try `--help`)."""
     os.execv(sys.executable, [sys.executable, "-m", "orchard.claw.mcp_server", *ctx.args])
+
+
+claw_app.command("export-log")(export_log_command("claw"))
