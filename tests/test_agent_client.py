@@ -16,6 +16,7 @@ import signal
 import subprocess
 import tarfile
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -469,6 +470,7 @@ async def test_a_stopped_agent_fails_fast_unless_the_service_froze_it(
     try:
         await agent.request("GET", "/health")  # connected before the stop
         os.kill(pid, signal.SIGSTOP)
+        _wait_stopped(pid)
         with pytest.raises(SandboxUnresponsive):
             await asyncio.wait_for(agent.request("GET", "/health"), 10)
         with agent.held():
@@ -480,3 +482,11 @@ async def test_a_stopped_agent_fails_fast_unless_the_service_froze_it(
     finally:
         os.kill(pid, signal.SIGCONT)
         await agent.aclose()
+
+
+def _wait_stopped(pid: int) -> None:
+    """Until the kernel has stopped every thread: kill() returns before that."""
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the agent did not stop"
+        time.sleep(0.01)
