@@ -101,7 +101,7 @@ def agent(shared_service: Service, busybox_image: str) -> Iterator[Agent]:
     with shared_service.client() as c:
         sid = create(c, busybox_image)["id"]
         token = ServiceConfig(state_dir=shared_service.state_dir, secret=SECRET.encode())
-        sock = shared_service.state_dir / "sandboxes" / sid / "run" / "agent.sock"
+        sock = shared_service.state_dir / "sandboxes" / sid / "agent.sock"  # the pinned link
         a = Agent(sock, token.agent_token(sid))
         yield a
         a.assert_healthy()
