@@ -5,6 +5,7 @@ explanations, attachments and metadata."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -14,15 +15,18 @@ from pathlib import Path
 
 import pytest
 from inspect_ai.log import EvalLog, read_eval_log
-from inspect_ai.model import ChatMessageAssistant, ChatMessageTool
+from inspect_ai.model import ChatMessageAssistant, ChatMessageTool, ContentImage
 from typer.testing import CliRunner
 
 from orchard import Orchard
 from orchard.cli import app
 from orchard.env import images
+from orchard.gui.image import browser_image
 from orchard.swe.images import build_images
 from orchard.swe.tasks import SAMPLE_DIR, Task, sample_tasks
+from tests.gui.scripted import solution_replies, task_with_solution
 from tests.swe.conftest import embedded_client
+from tests.swe.fake_openai import FakeOpenAIServer
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +194,63 @@ def test_claw_run_writes_an_inspect_log(claw_env: dict[str, str], tmp_path: Path
         app, ["claw", "export-log", str(out), "-o", str(tmp_path / "c.eval")]
     )
     assert exported.exit_code == 0 and (tmp_path / "c.eval").is_file()
+
+
+@pytest.fixture(scope="module")
+def gui_client(
+    docker_ready: None, agent_binary: Path, pytestconfig: pytest.Config
+) -> Iterator[Orchard]:
+    browser_image()  # built offline once, reused by tag
+    with embedded_client(pytestconfig, agent_binary, "orch-evallog-gui-") as client:
+        yield client
+
+
+def test_gui_run_writes_an_inspect_log(gui_client: Orchard, tmp_path: Path) -> None:
+    assert gui_client.target.uds is not None
+    task, actions = task_with_solution()
+    out = tmp_path / "run"
+    args = ["--url", f"unix://{gui_client.target.uds}", "gui", "run", "--out", str(out)]
+    with FakeOpenAIServer(solution_replies(actions)) as server:
+        result = CliRunner().invoke(
+            app,
+            [*args, "--task", task.id, "--model", server.base_url, "--model-name", "fake-vlm"],
+            env={"COLUMNS": "200"},
+        )
+    assert result.exit_code == 0, (result.output, result.exception)
+
+    log = _read(out / "run.eval")
+    assert log.eval.task == "orchard/gui" and log.eval.model == "fake-vlm"
+    [sample] = log.samples or []
+    res = json.loads((out / task.id / "result.json").read_text())
+    assert sample.id == task.id and sample.metadata["actions"] == res["action_history"]
+    # each action a tool call answered by its result, then the page it led to, screenshot
+    # and all, in order: the start page, then one per step
+    calls = [
+        c
+        for m in sample.messages
+        if isinstance(m, ChatMessageAssistant)
+        for c in m.tool_calls or []
+    ]
+    assert [c.function for c in calls] == [a["name"] for a in actions]
+    answered = [m.tool_call_id for m in sample.messages if isinstance(m, ChatMessageTool)]
+    assert answered == [c.id for c in calls]
+    pngs = [
+        base64.b64decode(p.image.split(",", 1)[1])
+        for m in sample.messages
+        if m.role == "user" and not isinstance(m.content, str)
+        for p in m.content
+        if isinstance(p, ContentImage)
+    ]
+    shots = [(out / task.id / p).read_bytes() for p in res["input_image_paths"]]
+    assert pngs == shots and len(shots) == len(actions) + 1
+    assert pngs[0].startswith(b"\x89PNG")
+    # the judge's verdict and its reason
+    assert sample.scores is not None
+    score = sample.scores["gui"]
+    assert score.value == "C" and score.explanation is not None
+    assert (
+        score.explanation.startswith("state: ")
+        and res["orchard"]["verdict"]["reason"] in score.explanation
+    )
+    assert sample.metadata["final_state"]["shop"]["orders"]
+    assert sample.model_usage["fake-vlm"].total_tokens > 0 and sample.total_time

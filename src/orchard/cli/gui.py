@@ -14,6 +14,7 @@ from rich.table import Table
 from orchard.agents.family import get_family
 from orchard.cli._common import JsonOpt, ModelNameOpt, bad_request, connect, fail, print_table
 from orchard.cli._common import out as console
+from orchard.cli._eval_log import NoEvalLogOpt, export_log_command, write_eval_log
 
 if TYPE_CHECKING:
     from orchard.gui.types import Judge, WebTask
@@ -151,8 +152,10 @@ def run(
     judge_model: JudgeNameOpt = "default",
     redo: Annotated[bool, typer.Option("--redo", help="Run finished tasks again.")] = False,
     as_json: JsonOpt = False,
+    no_eval_log: NoEvalLogOpt = False,
 ) -> None:
-    """Run the agent on every task, judge each episode; writes result.json per task.
+    """Run the agent on every task, judge each episode; writes result.json per task and the
+    run as an Inspect log (run.eval).
 
     The browser is offline by default: the shipped tasks run on sites inside its sandbox.
     Tasks on the live web (WebVoyager, Online-Mind2Web) need `--egress all` or `--allow`.
@@ -188,6 +191,8 @@ def run(
             workers=workers,
             redo=redo,
         )
+    if not no_eval_log:
+        write_eval_log(out, "gui")
     _print_summary(summary, as_json, f"GUI run ({judge} judge)")
 
 
@@ -234,3 +239,6 @@ def export_sft(
         console.print(
             f"{counts['rows']} rows from {counts['episodes']} episodes in {dest / 'dataset.jsonl'}"
         )
+
+
+gui_app.command("export-log")(export_log_command("gui"))

@@ -14,7 +14,7 @@ from inspect_ai.log import EvalLog, write_eval_log
 
 from orchard.integrations.inspect_log._common import Run, build_log
 
-FAMILIES = ("swe", "claw")
+FAMILIES = ("swe", "claw", "gui")
 LOG_NAME = "run.eval"
 
 
@@ -28,6 +28,10 @@ def convert(run_dir: Path, family: str) -> EvalLog:
         from orchard.integrations.inspect_log import claw
 
         run = claw.run(run_dir)
+    elif family == "gui":
+        from orchard.integrations.inspect_log import gui
+
+        run = gui.run(run_dir)
     else:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}")
     return build_log(run)
