@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,22 +79,32 @@ def render() -> str:
     return json.dumps(wire_schema(), indent=2, sort_keys=True) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m orchard.env.wire", description=__doc__)
+def write_or_check(
+    argv: list[str] | None, *, prog: str, doc: str | None, file: Path, render: Callable[[], str]
+) -> int:
+    """The command line of a committed contract file (this schema, the REST API's spec):
+    write it, or with `--check` exit 1 when the committed file differs from `render()`."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc)
     ap.add_argument("--root", type=Path, default=Path("."), help="the repository root")
     ap.add_argument("--check", action="store_true", help="fail if the file is stale")
     args = ap.parse_args(argv)
-    path = args.root / SCHEMA_FILE
+    path = args.root / file
     text = render()
     if args.check:
         if not path.is_file() or path.read_text() != text:
-            print(f"{path} is stale: run `python -m orchard.env.wire`", file=sys.stderr)
+            print(f"{path} is stale (the contract changed): run `{prog}`", file=sys.stderr)
             return 1
         return 0
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    print(f"wrote {path} ({len(WIRE_MODELS)} models)")
+    print(f"wrote {path}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_or_check(
+        argv, prog="python -m orchard.env.wire", doc=__doc__, file=SCHEMA_FILE, render=render
+    )
 
 
 if __name__ == "__main__":

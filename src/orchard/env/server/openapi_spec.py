@@ -10,15 +10,14 @@ The spec needs no engine: the app is built, never started (its backend is made o
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from orchard.env.config import ServiceConfig
 from orchard.env.server.app import create_app
+from orchard.env.wire import write_or_check
 
 SPEC_FILE = Path("docs") / "openapi.json"
 REGENERATE = "python -m orchard.env.server.openapi_spec"
@@ -37,21 +36,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=REGENERATE, description=__doc__)
-    ap.add_argument("--root", type=Path, default=Path("."), help="the repository root")
-    ap.add_argument("--check", action="store_true", help="fail if the file is stale")
-    args = ap.parse_args(argv)
-    path = args.root / SPEC_FILE
-    text = render()
-    if args.check:
-        if not path.is_file() or path.read_text() != text:
-            print(f"{path} is stale (the API changed): run `{REGENERATE}`", file=sys.stderr)
-            return 1
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(f"wrote {path} ({len(json.loads(text)['paths'])} paths)")
-    return 0
+    return write_or_check(argv, prog=REGENERATE, doc=__doc__, file=SPEC_FILE, render=render)
 
 
 if __name__ == "__main__":
