@@ -178,3 +178,17 @@ def test_two_tenants_are_isolated(sdk: SDK) -> None:
     )
     assert after == {"pwned": False, "ttl": after["ttl"], "killed": True}
     assert after["ttl"] > 100  # bob's set_timeout(10) did not reach it
+
+
+def test_readme_quickstart(sdk: SDK) -> None:
+    """The `e2b` README's example, unchanged."""
+    out = sdk.run(
+        """
+        from e2b import Sandbox
+
+        with Sandbox.create() as sandbox:
+            r = sandbox.commands.run("echo 'Hello, World!'")
+        result["stdout"] = r.stdout
+        """
+    )
+    assert out["stdout"] == "Hello, World!\n"

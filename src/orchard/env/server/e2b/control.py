@@ -9,22 +9,28 @@ an error by its status to its own exception types.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from orchard.env.errors import (
+    AgentUnavailable,
     InvalidRequest,
     NotFound,
     NotSupported,
     OrchardError,
     Unauthorized,
+    Unavailable,
 )
 from orchard.env.models import Sandbox, SandboxCreate
 from orchard.env.server import state
@@ -36,6 +42,7 @@ from orchard.env.server.service import SandboxService
 
 router = APIRouter(include_in_schema=False)
 MAX_PAGE = 1000
+READY_PROBE = httpx.Timeout(5.0, connect=5.0)
 
 
 class Call:
@@ -147,13 +154,47 @@ async def create(call: Call) -> Response:
     req = SandboxCreate(
         image="" if snapshot else shapes.image_for(template),
         snapshot=snapshot,
+        # A template's own start command runs, as E2B's do (the kubernetes backend does
+        # not read image configs, so there none runs).
+        cmd=None if snapshot or call.svc.backend.name == "kubernetes" else [],
         timeout_s=seconds(body.get("timeout")) or shapes.DEFAULT_TIMEOUT_S,
         env=_strings(body.get("envVars"), "envVars"),
         labels={**metadata, shapes.TEMPLATE_LABEL: template},
         network=shapes.network_policy(body),
     )
-    sandbox = await while_connected(call.request, call.svc.create(call.owner, req))
+    port = shapes.ready_ports().get(template)
+    sandbox = await while_connected(call.request, _create_ready(call, req, port))
     return json_answer(call.created(sandbox), 201)
+
+
+async def _create_ready(call: Call, req: SandboxCreate, port: int | None) -> Sandbox:
+    """Create, then (for a template with a ready port) wait until its server answers
+    there, as E2B's create returns once a template's start command is ready. A sandbox
+    that never gets ready, or whose create is cancelled meanwhile, is removed."""
+    sandbox = await call.svc.create(call.owner, req)
+    if port is None:
+        return sandbox
+    try:
+        await _wait_port(call, sandbox.id, port)
+    except BaseException:
+        with anyio.CancelScope(shield=True), contextlib.suppress(OrchardError):
+            await call.svc.delete(call.owner, sandbox.id)
+        raise
+    return sandbox
+
+
+async def _wait_port(call: Call, sandbox_id: str, port: int) -> None:
+    limit = call.svc.config.ready_timeout_s
+    deadline = time.monotonic() + limit
+    agent = await call.svc.agent(call.owner, sandbox_id)
+    while True:
+        with contextlib.suppress(AgentUnavailable):
+            answer = await agent.call("GET", f"/proxy/{port}/", timeout=READY_PROBE)
+            if not (answer.status == 502 and b"bad_gateway" in answer.content):
+                return
+        if time.monotonic() > deadline:
+            raise Unavailable(f"nothing answered on the template's port {port} within {limit:g} s")
+        await asyncio.sleep(0.1)
 
 
 async def connect(call: Call) -> Response:

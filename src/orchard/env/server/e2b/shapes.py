@@ -27,6 +27,7 @@ from orchard.env.errors import (
 from orchard.env.models import NetworkPolicy, Sandbox
 
 TEMPLATES_ENV = "ORCHARD_E2B_TEMPLATES"
+READY_ENV = "ORCHARD_E2B_READY_PORTS"
 TEMPLATE_LABEL = "e2b.template"
 LABEL_PREFIX = "e2b."
 # What the SDK reads to decide which envd features it may use: a default user (0.4.0),
@@ -44,7 +45,7 @@ def parse_templates(raw: str) -> dict[str, str]:
     for entry in raw.split(","):
         name, sep, image = entry.strip().partition("=")
         if entry.strip() and (not sep or not name.strip() or not image.strip()):
-            raise ValueError(f"{TEMPLATES_ENV}: {entry.strip()!r} is not NAME=IMAGE")
+            raise ValueError(f"{entry.strip()!r} is not NAME=VALUE")
         if sep:
             out[name.strip()] = image.strip()
     return out
@@ -55,7 +56,22 @@ def templates() -> dict[str, str]:
     try:
         return parse_templates(os.environ.get(TEMPLATES_ENV, ""))
     except ValueError as e:
-        raise InvalidRequest(str(e)) from None
+        raise InvalidRequest(f"{TEMPLATES_ENV}: {e}") from None
+
+
+def ready_ports() -> dict[str, int]:
+    """Templates whose create waits for a server (`ORCHARD_E2B_READY_PORTS`:
+    `code-interpreter-v1=49999`): the port must answer HTTP before create returns."""
+    out: dict[str, int] = {}
+    try:
+        entries = parse_templates(os.environ.get(READY_ENV, ""))
+    except ValueError as e:
+        raise InvalidRequest(f"{READY_ENV}: {e}") from None
+    for name, port in entries.items():
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidRequest(f"{READY_ENV}: {port!r} is not a port")
+        out[name] = int(port)
+    return out
 
 
 def image_for(template_id: str) -> str:
