@@ -253,3 +253,106 @@ def to_mini(
 
 
 swe_app.command("export-log")(export_log_command("swe"))
+
+
+@swe_app.command(
+    help="Synthesize SWE tasks from a real PyPI project's own test suite, offline.\n\n"
+    "Downloads the sdist (pip, cached), builds its image from the Debian Python base (no "
+    "pulls), runs the suite twice and keeps the tests that pass both times (slow and flaky "
+    "ones are dropped), then applies SWE-smith's procedural modifiers to one function or "
+    "class at a time. A candidate is kept when some tests fail (FAIL_TO_PASS) and the rest "
+    "pass (PASS_TO_PASS), and the harness's own grading resolves its gold patch and not the "
+    "empty one. A second run with the same -o skips what is already decided.",
+    epilog="[bold]Examples[/bold]\n\n"
+    "  orchard swe synth more-itertools==11.2.1 --n 5 -o real/more-itertools.jsonl\n\n"
+    "  orchard swe synth more-itertools==11.2.1 --n 20 --modifiers func_pm_op_change "
+    "--modifiers func_pm_remove_cond --jobs 2 --seed 1 -o mi.jsonl\n\n"
+    "  orchard swe run --tasks mi.jsonl --model http://localhost:8000/v1 --out runs/mi\n\n"
+    "Modifiers (SWE-smith's): func_pm_class_rm_base, func_pm_class_rm_funcs, "
+    "func_pm_class_shuffle_funcs, func_pm_ctrl_invert_if, func_pm_ctrl_shuffle, "
+    "func_pm_remove_assign, func_pm_remove_cond, func_pm_remove_loop, func_pm_remove_wrapper, "
+    "func_pm_op_break_chains, func_pm_op_change_const, func_pm_op_change, func_pm_op_swap",
+)
+def synth(
+    ctx: typer.Context,
+    spec: Annotated[str, typer.Argument(help="The project on PyPI, pinned: NAME==VERSION.")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Task rows (.jsonl), appended; resumable.")
+    ],
+    n: Annotated[int, typer.Option("--n", min=1, help="Stop after this many kept tasks.")] = 10,
+    modifiers: Annotated[
+        list[str] | None,
+        typer.Option("--modifiers", help="Only these modifiers (repeatable; default all)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Orders entities and seeds the modifiers.")] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel sandboxes.")] = 1,
+    max_candidates: Annotated[
+        int | None, typer.Option(help="Try at most this many candidates (default 20 x --n).")
+    ] = None,
+    slow_s: Annotated[
+        float, typer.Option(help="Drop tests slower than this in the baseline (seconds).")
+    ] = 1.0,
+    fork: Annotated[
+        bool,
+        typer.Option(
+            "--fork/--no-fork",
+            help="Start each candidate as a copy of the prepared sandbox (else a fresh one).",
+        ),
+    ] = True,
+    label: LabelOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Synthesize SWE tasks from a real PyPI project's own test suite, offline."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from orchard.swe.synth.pipeline import Counts, synthesize
+    from orchard.swe.synth.source import SourceError
+
+    def line(c: Counts) -> str:
+        why = ", ".join(f"{k} {v}" for k, v in sorted(c.dropped.items())) or "none"
+        return (
+            f"candidates {c.candidates} · compiled {c.compiled} · tried {c.tried} · "
+            f"failing {c.failing} · [green]kept {c.kept}/{n}[/green] · skipped {c.skipped} · "
+            f"dropped: {why}"
+        )
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with (
+        connect(ctx) as client,
+        Progress(*columns, console=err, disable=as_json, transient=False) as bar,
+    ):
+        task = bar.add_task(f"{spec}: fetching, building, baseline ...", total=None)
+        with bad_request(SourceError, ValueError):
+            counts = synthesize(
+                client,
+                spec,
+                out,
+                n=n,
+                modifiers=modifiers,
+                seed=seed,
+                jobs=jobs,
+                max_candidates=max_candidates,
+                fork=fork,
+                slow_s=slow_s,
+                labels=labels(label),
+                progress=lambda c: bar.update(task, description=line(c)),
+            )
+    summary = counts.summary()
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        return
+    if counts.notice:
+        err.print(counts.notice, style="yellow", markup=False)
+    table = Table(title=f"synth {spec} -> {out}")
+    for col in ("modifier", "tried", "kept"):
+        table.add_column(col, justify="right" if col != "modifier" else "left")
+    for name, per in sorted(counts.per_modifier.items()):
+        table.add_row(name, str(per["tried"]), str(per["kept"]))
+    table.add_row("[bold]total[/bold]", str(counts.tried + counts.skipped), str(counts.kept))
+    print_table(table)
+    v = summary["validation_s"]
+    console.print(
+        f"baseline {counts.baseline_s:.1f} s/run · validation {v['mean'] or 0:.1f} s/candidate "
+        f"({'fork' if counts.fork else 'fresh'}) · dropped {json.dumps(counts.dropped)}",
+        markup=False,
+    )
