@@ -254,3 +254,26 @@ def test_gui_run_writes_an_inspect_log(gui_client: Orchard, tmp_path: Path) -> N
     )
     assert sample.metadata["final_state"]["shop"]["orders"]
     assert sample.model_usage["fake-vlm"].total_tokens > 0 and sample.total_time
+
+
+def test_distill_attempts_are_epochs_and_errors_are_errored_samples(tmp_path: Path) -> None:
+    """A distill folder (`<id>/attempt-<j>/`), ungraded, one attempt broken by its model."""
+    src = SAMPLE_DIR / "trajectories" / "orchard-samples__csvlite-1.json"
+    for j, error in ((0, None), (1, "APIConnectionError: the endpoint went away")):
+        data = json.loads(src.read_text())
+        data["error"] = error
+        d = tmp_path / "run" / data["instance_id"] / f"attempt-{j}"
+        d.mkdir(parents=True)
+        (d / f"{data['instance_id']}.traj.json").write_text(json.dumps(data))
+    proc = _cli("swe", "export-log", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    log = _read(tmp_path / "run" / "run.eval")
+    assert [(s.id, s.epoch) for s in log.samples or []] == [
+        ("orchard-samples__csvlite-1", 1),
+        ("orchard-samples__csvlite-1", 2),
+    ]
+    ok, broken = log.samples or []
+    assert ok.error is None and ok.scores is None  # ungraded: no score, not a failing one
+    assert broken.error is not None and "endpoint went away" in broken.error.message
+    assert log.eval.config.epochs == 2 and log.results is not None
+    assert log.results.scores[0].unscored_samples == 2

@@ -18,6 +18,7 @@ from typing import Any
 from inspect_ai.log import (
     EvalConfig,
     EvalDataset,
+    EvalError,
     EvalLog,
     EvalMetric,
     EvalResults,
@@ -114,6 +115,12 @@ def message(
 def tool_result(call: ToolCall, output: str, error: str | None = None) -> ChatMessageTool:
     err = ToolCallError(type="unknown", message=error) if error else None
     return ChatMessageTool(content=output, tool_call_id=call.id, function=call.function, error=err)
+
+
+def sample_error(error: str | None) -> EvalError | None:
+    """An attempt that ended on an exception (the model endpoint, the sandbox) is an errored
+    sample in Inspect's viewer; the message is the family's own record of it."""
+    return EvalError(message=error, traceback=error, traceback_ansi=error) if error else None
 
 
 def first_text(messages: list[ChatMessage], role: str = "user") -> str:

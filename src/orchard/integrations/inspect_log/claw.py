@@ -20,7 +20,14 @@ from inspect_ai.tool import ToolCallError
 from orchard.claw.harness import ClawTrajectory
 from orchard.claw.runner import RESULTS, read_results, trial_paths
 from orchard.claw.tasks import load_tasks
-from orchard.integrations.inspect_log._common import Run, first_text, iso, message, usage
+from orchard.integrations.inspect_log._common import (
+    Run,
+    first_text,
+    iso,
+    message,
+    sample_error,
+    usage,
+)
 
 SCORER = "claw"
 GRADE_KEYS = ("score", "completion", "robustness", "safety", "violations", "no_score_items")
@@ -107,6 +114,7 @@ def sample(run_dir: Path, row: dict[str, Any], safety: set[str] | None = None) -
             "trajectory": str(traj_path),
         },
         model_usage={model: usage(traj.prompt_tokens, traj.completion_tokens)},
+        error=sample_error(traj.error),
         started_at=iso(traj.started_at),
         completed_at=iso(traj.finished_at),
         total_time=stats["wall_s"],

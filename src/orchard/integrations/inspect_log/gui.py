@@ -33,6 +33,7 @@ from orchard.integrations.inspect_log._common import (
     first_text,
     iso,
     message,
+    sample_error,
     tool_result,
     usage,
 )
@@ -154,6 +155,7 @@ def sample(result: Path) -> EvalSample:
             "result": str(result),
         },
         model_usage={model: usage(pt, ct)},
+        error=sample_error(traj.error),
         started_at=iso(traj.started_at),
         completed_at=iso(traj.finished_at),
         total_time=wall,

@@ -23,6 +23,7 @@ from orchard.integrations.inspect_log._common import (
     first_text,
     iso,
     message,
+    sample_error,
     tool_result,
     usage,
 )
@@ -117,6 +118,7 @@ def sample(path: Path) -> EvalSample:
             "trajectory": str(path),
         },
         model_usage={model: usage(stats["prompt_tokens"], stats["completion_tokens"])},
+        error=sample_error(traj.error),
         started_at=iso(traj.started_at),
         completed_at=iso(traj.finished_at),
         total_time=stats["wall_s"],
