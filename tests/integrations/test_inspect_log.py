@@ -8,11 +8,15 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
+import httpx
 import pytest
 from inspect_ai.log import EvalLog, read_eval_log
 from inspect_ai.model import ChatMessageAssistant, ChatMessageTool, ContentImage
@@ -277,3 +281,44 @@ def test_distill_attempts_are_epochs_and_errors_are_errored_samples(tmp_path: Pa
     assert broken.error is not None and "endpoint went away" in broken.error.message
     assert log.eval.config.epochs == 2 and log.results is not None
     assert log.results.scores[0].unscored_samples == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_inspect_view_serves_the_log(tmp_path: Path) -> None:
+    """`inspect view` itself (its server, not a browser: that is a later test) lists the log
+    and reads it back: the file is one of its own."""
+    src = SAMPLE_DIR / "trajectories" / "orchard-samples__textkit-1.json"
+    data = json.loads(src.read_text())
+    d = tmp_path / "run" / data["instance_id"]
+    d.mkdir(parents=True)
+    (d / f"{data['instance_id']}.traj.json").write_text(src.read_text())
+    assert _cli("swe", "export-log", str(tmp_path / "run")).returncode == 0
+    port = _free_port()
+    inspect = Path(sys.executable).with_name("inspect")
+    view = subprocess.Popen(
+        [str(inspect), "view", "--log-dir", str(tmp_path / "run"), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}/api"
+        files: list[dict[str, object]] = []
+        for _ in range(300):  # the viewer takes a few seconds to start
+            try:
+                files = httpx.get(f"{base}/log-files", timeout=5).json()["files"]
+                break
+            except httpx.TransportError:
+                assert view.poll() is None, "inspect view exited"
+                time.sleep(0.1)
+        name = f"file://{tmp_path / 'run' / 'run.eval'}"
+        assert [(f["name"], f["task"]) for f in files] == [(name, "orchard/swe")]
+        log = httpx.get(f"{base}/logs/{quote(name, safe='')}", timeout=30).json()
+        assert log["status"] == "success" and log["eval"]["task"] == "orchard/swe"
+    finally:
+        view.terminate()
+        view.wait(timeout=30)

@@ -8,6 +8,7 @@ attachments by Inspect itself) and `inspect view` opens it as one of its own.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -149,6 +150,11 @@ def _total_usage(samples: Iterable[EvalSample]) -> dict[str, ModelUsage]:
     return total
 
 
+def _short_id(text: str) -> str:
+    """A stable id for a run folder: exporting it again names the same task and run."""
+    return hashlib.sha256(text.encode()).hexdigest()[:22]
+
+
 def build_log(run: Run) -> EvalLog:
     """An `EvalLog` of `run`: one task, its samples, the family's metrics as results."""
     samples = run.samples
@@ -160,6 +166,8 @@ def build_log(run: Run) -> EvalLog:
     spec = EvalSpec(
         created=created or datetime.now(UTC).isoformat(),
         task=f"orchard/{run.family}",
+        task_id=_short_id(f"{run.family}:{run.run_dir.resolve()}"),
+        run_id=_short_id(str(run.run_dir.resolve())),
         task_display_name=f"orchard {run.family}: {run.run_dir.name}",
         dataset=EvalDataset(
             name=f"orchard-{run.family}",
