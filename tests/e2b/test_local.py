@@ -42,6 +42,15 @@ def test_local_backend(sdk: SDK) -> None:
             result["read"] = list(sbx.files.read("/tmp/l/f", format="bytes"))
             result["ls"] = [e.name for e in sbx.files.list("/tmp/l")]
             result["listed"] = sbx.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()]
+            # Past the service's 16 MiB bound on buffered bodies: uploads stream.
+            import io
+            big = os.urandom(1 << 20) * 20
+            sbx.files.write("/tmp/l/big", big)
+            sbx.files.write("/tmp/l/big-stream", io.BytesIO(big))
+            result["big"] = [
+                bytes(sbx.files.read(p, format="bytes")) == big
+                for p in ("/tmp/l/big", "/tmp/l/big-stream")
+            ]
             result["id"] = sbx.sandbox_id
         try:
             Sandbox.get_info(result["id"])
@@ -53,4 +62,5 @@ def test_local_backend(sdk: SDK) -> None:
     assert out["stdin"] == "piped"
     assert out["read"] == [0, 1] and out["ls"] == ["f"]
     assert out["listed"] is True
+    assert out["big"] == [True, True]
     assert out["after_kill"] == "SandboxNotFoundException"

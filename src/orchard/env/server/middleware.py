@@ -11,6 +11,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard.env.errors import OrchardError, TooLarge, Unauthorized
+from orchard.env.server.e2b.access import target as e2b_target
 from orchard.env.server.errors import error_reply
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.routes.exec import accept_exec, run_exec
@@ -29,6 +30,8 @@ def _streams_body(scope: Scope) -> bool:
     path: str = scope.get("path", "")
     if "/ports/" in path:
         return True
+    if path == "/files" and e2b_target(scope) is not None:  # E2B's upload: it bounds its own
+        return scope.get("method") == "POST"
     return scope.get("method") == "PUT" and path.endswith(("/files", "/files/tar"))
 
 

@@ -142,11 +142,22 @@ def _check_type(request: Request, expected: str) -> None:
 
 
 async def unary_request(request: Request) -> dict[str, Any]:
-    """The request message of a unary call."""
+    """The request message of a unary call (at most MAX_MESSAGE bytes: the service's
+    bound on buffered bodies does not apply to E2B's routes, which bound their own)."""
     _check_type(request, UNARY_TYPE)
     if request.headers.get("content-encoding", "identity") != "identity":
         raise RpcError("unimplemented", "compressed requests are not served")
-    return _decode(await request.body())
+    return _decode(await bounded_body(request))
+
+
+async def bounded_body(request: Request, limit: int = MAX_MESSAGE) -> bytes:
+    """A body read whole, refused (resource_exhausted) past `limit` bytes."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RpcError("resource_exhausted", f"a body over {limit} bytes")
+    return bytes(body)
 
 
 async def stream_messages(request: Request) -> AsyncIterator[dict[str, Any]]:

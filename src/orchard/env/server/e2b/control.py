@@ -29,6 +29,7 @@ from orchard.env.errors import (
     NotFound,
     NotSupported,
     OrchardError,
+    TooLarge,
     Unauthorized,
     Unavailable,
 )
@@ -37,6 +38,7 @@ from orchard.env.server import state
 from orchard.env.server.auth import authorize, service_of
 from orchard.env.server.e2b import shapes
 from orchard.env.server.e2b.access import envd_token
+from orchard.env.server.e2b.connect import RpcError, bounded_body
 from orchard.env.server.routes.sandboxes import while_connected
 from orchard.env.server.service import SandboxService
 
@@ -66,7 +68,10 @@ class Call:
         return shapes.created(sandbox, self.token(sandbox.id), traffic)
 
     async def body(self) -> dict[str, Any]:
-        raw = await self.request.body()
+        try:
+            raw = await bounded_body(self.request)
+        except RpcError as e:
+            raise TooLarge(e.message) from None
         if not raw.strip():
             return {}
         try:
