@@ -243,6 +243,7 @@ def unary(fn: Unary) -> Callable[[Request], Awaitable[Response]]:
         except RpcError as e:
             return unary_error(e)
 
+    endpoint.rpc_kind = "unary"  # type: ignore[attr-defined]  # tests/e2b/test_contract.py
     return endpoint
 
 
@@ -259,6 +260,7 @@ def server_stream(fn: ServerStream) -> Callable[[Request], Awaitable[Response]]:
             return stream_error(e)
         return StreamingResponse(frames, media_type=STREAM_TYPE)
 
+    endpoint.rpc_kind = "server_stream"  # type: ignore[attr-defined]  # tests/e2b/test_contract.py
     return endpoint
 
 
@@ -276,4 +278,5 @@ def client_stream(fn: ClientStream) -> Callable[[Request], Awaitable[Response]]:
             return stream_error(e)
         return Response(envelope(answer) + end_of_stream(), media_type=STREAM_TYPE)
 
+    endpoint.rpc_kind = "client_stream"  # type: ignore[attr-defined]  # tests/e2b/test_contract.py
     return endpoint
