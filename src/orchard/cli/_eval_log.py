@@ -7,6 +7,7 @@ on stderr and leaves the run's own results (and exit status) as they are.
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,13 @@ def _hint(path: Path) -> str:
 
 def write_eval_log(out: Path, family: str) -> Path | None:
     """`out` as `out/run.eval`, announced on stderr; a failure is a warning, not an error."""
+    if importlib.util.find_spec("inspect_ai") is None:  # an optional extra
+        err.print(
+            "note: no Inspect log written: inspect_ai is not installed "
+            "(pip install 'orchard[integrations]'; --no-eval-log skips this)",
+            markup=False,
+        )
+        return None
     from orchard.integrations.inspect_log import export_log
 
     try:
