@@ -43,6 +43,7 @@ SOCKETS_DIR = "sockets"  # in the state dir: the tmpfs of the sandboxes' socket 
 TMPFS_BYTES = 256 << 10
 _TMPFS_MAGIC = 0x01021994
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+_MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -102,7 +103,8 @@ def release_tmpfs(root: Path) -> None:
     with contextlib.suppress(OSError), locked(root):
         if tmpfs_device(root) is None or any(root.iterdir()):
             return
-        if _libc.umount2(str(root).encode(), 0) == 0:
+        # Detached: a sandbox's namespace that is still going away may hold it a moment.
+        if _libc.umount2(str(root).encode(), _MNT_DETACH) == 0:
             root.rmdir()
 
 
