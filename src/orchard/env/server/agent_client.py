@@ -157,8 +157,6 @@ class AgentClient:
             self._fixed.append(("Authorization", f"Bearer {token}"))
         self._pool = self._new_pool(max_connections)
         self._timeout = httpx.Timeout(timeout, connect=10.0)
-        # The liveness check (`alive`): its own pool, so it never waits behind the calls.
-        self._probe_pool: AsyncPool | None = None
         self._probing: asyncio.Task[bool] | None = None
         self._verdict = (-VERDICT_S, True)  # (when, alive)
         self._held = 0  # > 0 while the service itself has the sandbox frozen (`held`)
@@ -190,8 +188,6 @@ class AgentClient:
 
     async def aclose(self) -> None:
         await self._pool.aclose()
-        if self._probe_pool is not None:
-            await self._probe_pool.aclose()
 
     def _where(self) -> str:
         return self.socket_path or self.base_url
@@ -326,14 +322,18 @@ class AgentClient:
         return await asyncio.shield(probing)
 
     async def _probe(self) -> bool:
-        if self._probe_pool is None:
-            self._probe_pool = self._new_pool(2)
+        # A connection of its own, so it never waits behind the calls, and closed at once:
+        # an idle one left open would outlive `aclose` (a memory snapshot's CRIU dump
+        # refuses a sandbox with a Unix connection to the outside).
+        pool = self._new_pool(1)
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
-                await self._probe_pool.answer("GET", "/health", timeout=_PROBE)
+                await pool.answer("GET", "/health", timeout=_PROBE)
             alive = True  # any answer: the agent runs
         except (httpx.TransportError, OSError, TimeoutError):
             alive = False
+        finally:
+            await pool.aclose()
         self._verdict = (time.monotonic(), alive)
         return alive
 
