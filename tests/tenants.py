@@ -3,10 +3,11 @@ tests (state, volumes, pools) share, so each test file only says what differs.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from orchard.env.config import ServiceConfig
@@ -33,6 +34,17 @@ def two_tenants(
         reconcile_interval_s=0.5,
         **kw,  # type: ignore[arg-type]
     )
+
+
+@contextlib.contextmanager
+def serving(config: ServiceConfig, keys: tuple[str, ...]) -> Iterator[EmbeddedService]:
+    """An embedded service on `config`; whatever `keys` made is removed after, pass or fail."""
+    svc = EmbeddedService(config, keep_api_keys=True).start()
+    try:
+        yield svc
+    finally:
+        clean(svc, keys)
+        svc.stop()
 
 
 def client(svc: EmbeddedService, key: str) -> Orchard:

@@ -14,7 +14,7 @@ import pytest
 from orchard.env.errors import Conflict, InvalidRequest, NotFound, OrchardError
 from orchard.env.sdk import Orchard
 from orchard.env.server import EmbeddedService
-from tests.tenants import clean, cli_runner, client, two_tenants
+from tests.tenants import cli_runner, client, serving, two_tenants
 
 KEY_A, KEY_B = "state-key-a-0123456789", "state-key-b-0123456789"
 
@@ -26,12 +26,8 @@ def service(
     cfg = two_tenants(
         tmp_state_dir, str(request.param), agent_binary, (KEY_A, KEY_B), b"state-secret"
     )
-    svc = EmbeddedService(cfg, keep_api_keys=True).start()
-    try:
+    with serving(cfg, (KEY_A, KEY_B)) as svc:
         yield svc
-    finally:
-        clean(svc, (KEY_A, KEY_B))
-        svc.stop()
 
 
 def _client(svc: EmbeddedService, key: str = KEY_A) -> Orchard:

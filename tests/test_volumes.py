@@ -33,7 +33,7 @@ from orchard.env.sdk import AsyncOrchard, Orchard
 from orchard.env.server import EmbeddedService
 from orchard.env.server.volumes import resolve_mounts
 from tests.servers import wait_listening
-from tests.tenants import clean, client, two_tenants
+from tests.tenants import client, serving, two_tenants
 
 KEY_A, KEY_B = "volume-key-a-0123456789", "volume-key-b-0123456789"
 SMALL = 64 << 10  # bob's max_volume_bytes
@@ -51,12 +51,8 @@ def service(
         b"volume-secret",
         limits=Limits(owners={"bob": OwnerLimits(max_volume_bytes=SMALL)}),
     )
-    svc = EmbeddedService(cfg, keep_api_keys=True).start()
-    try:
+    with serving(cfg, (KEY_A, KEY_B)) as svc:
         yield svc
-    finally:
-        clean(svc, (KEY_A, KEY_B))
-        svc.stop()
 
 
 def _client(svc: EmbeddedService, key: str = KEY_A) -> Orchard:

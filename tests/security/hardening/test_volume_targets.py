@@ -26,7 +26,7 @@ from orchard.env.backends.docker_mounts import image_rootfs
 from orchard.env.backends.volume_base import LayerView, resolve_target
 from orchard.env.errors import InvalidRequest
 from orchard.env.server import EmbeddedService
-from tests.tenants import clean, client, two_tenants
+from tests.tenants import client, serving, two_tenants
 
 KEY_A, KEY_B = "targets-key-a-0123456789", "targets-key-b-0123456789"
 LINKS = (
@@ -54,12 +54,8 @@ def service(
     cfg = two_tenants(
         tmp_state_dir, str(request.param), agent_binary, (KEY_A, KEY_B), b"targets-secret"
     )
-    svc = EmbeddedService(cfg, keep_api_keys=True).start()
-    try:
+    with serving(cfg, (KEY_A, KEY_B)) as svc:
         yield svc
-    finally:
-        clean(svc, (KEY_A, KEY_B))
-        svc.stop()
 
 
 def test_targets_that_lead_to_the_runtime_are_refused(
