@@ -66,9 +66,17 @@ class SDK:
         )
         return env
 
-    def run(self, code: str, key: str = KEY_ALICE, timeout_s: float = 180) -> dict[str, Any]:
-        """Run `code` (after PRELUDE); it fills `result`, which comes back as a dict."""
+    def run(
+        self, code: str, key: str = KEY_ALICE, timeout_s: float = 180, hard_exit: bool = False
+    ) -> dict[str, Any]:
+        """Run `code` (after PRELUDE); it fills `result`, which comes back as a dict.
+
+        `hard_exit`: leave with os._exit once the result is out, skipping the interpreter's
+        teardown, where the SDK's HTTP stack (pyqwest) sometimes aborts (SIGABRT) after an
+        async stream it was reading was cancelled (AsyncWatchHandle.stop does that)."""
         script = PRELUDE + textwrap.dedent(code) + f"\nprint({MARK!r} + json.dumps(result))\n"
+        if hard_exit:
+            script += "sys.stdout.flush()\nos._exit(0)\n"
         proc = subprocess.run(
             [str(self.python), "-c", script],
             env=self.env(key),

@@ -145,7 +145,8 @@ def test_watch_dir(sdk: SDK) -> None:
                 await sbx.kill()
 
         asyncio.run(streamed())
-        """
+        """,
+        hard_exit=True,
     )
     assert out["first"] == [["a", "create"], ["sub/b", "create"]]
     assert out["quiet"] == []
