@@ -27,7 +27,6 @@ from orchard.env.backends.state_base import Changes, SnapshotRecord
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import ImageNotFound, InvalidRequest, QuotaExceeded
 from orchard.env.limits import Limits, OwnerLimits
-from orchard.env.models import SandboxCreate
 from orchard.env.server import state
 from orchard.env.server.service import SandboxService
 from orchard.env.state_models import ForkRequest, SnapshotCreate
@@ -39,7 +38,7 @@ from tests.security.conftest import (
     create,
     sh,
 )
-from tests.security.hardening.test_quota_rules import FakeBackend
+from tests.security.hardening.test_quota_rules import FakeBackend, _req, _service
 
 pytestmark = pytest.mark.anyio
 BACKENDS = pytest.mark.parametrize("backend", ["docker", "local"])
@@ -313,16 +312,6 @@ class SnapshotFake(FakeBackend):
 
     async def diff(self, sandbox_id: str, since: SnapshotRecord | None) -> Changes:
         return Changes([], [], [])
-
-
-def _service(tmp_path: Path, backend: FakeBackend, **limits: object) -> SandboxService:
-    lim = Limits(owners={"alice": replace(OwnerLimits(), **limits)})  # type: ignore[arg-type]
-    cfg = ServiceConfig(state_dir=tmp_path, secret=b"s", limits=lim, reconcile_interval_s=60)
-    return SandboxService(cfg, backend)  # type: ignore[arg-type]
-
-
-def _req(**kw: object) -> SandboxCreate:
-    return SandboxCreate(image="busybox", wait=False, **kw)  # type: ignore[arg-type]
 
 
 def _sizes(spec: SandboxSpec) -> tuple[float | None, int | None]:
