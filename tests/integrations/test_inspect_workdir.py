@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from inspect_ai import Task, eval
 from inspect_ai.dataset import Sample
-from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
 from inspect_ai.solver import Generate, TaskState, solver
 from inspect_ai.util import sandbox
 
 from orchard.env.images import image_exists
 from orchard.integrations.inspect import OrchardSandboxEnvironment
+from tests.integrations.test_inspect import file_says
 
 pytestmark = pytest.mark.timeout(600)
 WORKDIR = "/srv/work"
@@ -39,15 +39,6 @@ def no_pwd_image(busybox_image: str) -> str:
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
     return tag
-
-
-@scorer(metrics=[accuracy()])
-def file_says(path: str, expected: str) -> Any:
-    async def score(state: TaskState, target: Target) -> Score:
-        text = await sandbox().read_file(path)
-        return Score(value=CORRECT if text.strip() == expected else INCORRECT, answer=text)
-
-    return score
 
 
 @solver
