@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from orchard._version import __version__
 from orchard.env.backends import Backend, make_backend
 from orchard.env.config import ServiceConfig
+from orchard.env.server import e2b
 from orchard.env.server.errors import install_error_handlers
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.middleware import ExecFastPath, JsonBodyLimit
@@ -52,4 +53,5 @@ def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI
     app.add_middleware(JsonBodyLimit, metrics=metrics)  # outermost: bounds the fast path too
     for router in ROUTERS:
         app.include_router(router)
+    app.include_router(e2b.router)  # E2B's API beside Orchard's (docs/e2b.md)
     return app
