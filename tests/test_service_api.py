@@ -77,6 +77,9 @@ def handle(c):
     n = int(hdrs.get("content-length", "0"))
     while len(rest) < n:
         rest += c.recv(65536)
+    if target.startswith("/empty"):
+        c.sendall(b"HTTP/1.1 204 No Content\r\nX-Echo: yes\r\nConnection: close\r\n\r\n")
+        return
     seen = "auth=%s apikey=%s" % (hdrs.get("authorization", "-"), hdrs.get("x-api-key", "-"))
     body = ("%s %s %s body=" % (method, target, seen)).encode() + rest[:n]
     c.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nX-Echo: yes\r\n"
@@ -471,6 +474,11 @@ def test_port_proxy_http(service: EmbeddedService, alice: httpx.Client, web_sand
         assert keyed.status_code == 201 and keyed.text.startswith("GET /some/path?x=y auth=-")
         _error(anon.get(url), 401, "unauthorized")
     _error(alice.get(f"/v1/sandboxes/{web_sandbox}/ports/9/x"), 502, "bad_gateway")
+    # Bodiless answers (204, HEAD) arrive read already: relayed, not a 500.
+    empty = alice.get(f"/v1/sandboxes/{web_sandbox}/ports/8000/empty")
+    assert empty.status_code == 204 and empty.headers["x-echo"] == "yes", empty.text
+    head = alice.head(url)
+    assert head.status_code == 201 and head.headers["x-echo"] == "yes" and head.content == b""
 
 
 def test_port_proxy_websocket(service: EmbeddedService, web_sandbox: str) -> None:

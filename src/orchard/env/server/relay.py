@@ -140,6 +140,10 @@ async def stream(
 
     async def relay() -> AsyncIterator[bytes]:
         try:
+            if resp.is_stream_consumed:  # a bodiless answer (204, 304, HEAD) is read already
+                if resp.content:
+                    yield resp.content
+                return
             async for chunk in resp.aiter_raw():
                 yield chunk
         finally:
