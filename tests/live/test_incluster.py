@@ -219,6 +219,35 @@ def test_other_tenants_sandboxes_are_invisible(deployed: Deployed, sandbox_image
         assert sb.exec("echo still-here").stdout == "still-here\n"
 
 
+def test_a_null_size_counts_and_a_tenant_sees_only_its_own_figures(
+    deployed: Deployed, sandbox_image: str
+) -> None:
+    """Issue 31, holes 1 and 6, on Kubernetes: a create with `cpu`/`memory` null counts at
+    the backend's default size (it counted 0), and bob's /metrics and /healthz say nothing
+    of alice's sandboxes (whichever replica answers)."""
+
+    def rest(owner: str) -> httpx.Client:
+        headers = {"X-API-Key": deployed.keys[owner]}
+        return httpx.Client(base_url=deployed.url, headers=headers, timeout=120)
+
+    with rest("alice") as alice, rest("bob") as bob:
+        body = {"image": sandbox_image, "cpu": None, "memory": None, "timeout_s": 300}
+        r = alice.post("/v1/sandboxes", json=body)
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            deadline = time.monotonic() + 60
+            while (usage := alice.get("/v1/usage").json())["sandboxes"] < 1:
+                assert time.monotonic() < deadline, usage  # the other replica's reconcile
+                time.sleep(0.5)
+            assert usage["cpu"] > 0 and usage["memory_bytes"] > 0, usage
+            metrics = bob.get("/metrics")
+            assert metrics.status_code == 200 and 'owner="alice"' not in metrics.text
+            assert bob.get("/healthz").json().get("sandboxes", 0) == 0
+        finally:
+            alice.delete(f"/v1/sandboxes/{sid}")
+
+
 def test_unschedulable_request_is_a_clear_error_and_leaks_nothing(
     client: Orchard, sandbox_image: str
 ) -> None:
