@@ -94,17 +94,52 @@ def test_rows_are_valid_tasks(synthesized: tuple[Path, Counts, str]) -> None:
         assert t.FAIL_TO_PASS[0] in t.problem_statement
 
 
-def test_gold_resolves_and_empty_fails(
+def test_every_kept_row_was_graded(synthesized: tuple[Path, Counts, str]) -> None:
+    """Each kept row passed the harness's grading (gold resolves, empty does not) in the run."""
+    out, _, _ = synthesized
+    recs = [json.loads(x) for x in state_path(out).read_text().splitlines()[1:]]
+    kept = {r["id"] for r in recs if r["status"] == "kept"}
+    assert {t.instance_id.rsplit(".", 1)[-1] for t in load_tasks(out)} == kept
+
+
+def _shipped() -> list[Task]:
+    return [t for f in sorted(rows.REAL_DIR.glob("*.jsonl")) for t in load_tasks(f)]
+
+
+def test_shipped_rows_are_well_formed() -> None:
+    """Every shipped row: schema, provenance with its seed, no statement leaking its patch."""
+    shipped = _shipped()
+    assert len({t.model_extra["synth"]["source"] for t in shipped if t.model_extra}) >= 2
+    for t in shipped:
+        assert t.FAIL_TO_PASS and t.PASS_TO_PASS and t.patch and t.setup_script, t.instance_id
+        assert not set(t.FAIL_TO_PASS) & set(t.PASS_TO_PASS)
+        assert t.base_commit in t.eval_script and t.image.startswith(image.SYNTH_REPO)
+        extra = (t.model_extra or {})["synth"]
+        assert extra["source"].startswith("pypi:") and isinstance(extra["seed"], int)
+        assert rows.leaks(t.problem_statement, t.patch) == [], t.instance_id
+        assert "diff --git" not in t.problem_statement
+
+
+def test_shipped_row_gold_resolves_and_empty_fails(
     client: Orchard, synthesized: tuple[Path, Counts, str]
 ) -> None:
-    """Through the harness's own grading, in copies of the row's prepared set-up."""
-    out, _, _ = synthesized
-    task: Task = load_tasks(out)[0]
-    with Preparer(client) as prep:
-        gold = grade(
-            client, task, Prediction(task.instance_id, task.patch), preparer=prep, labels=LABELS
-        )
-        empty = grade(client, task, Prediction(task.instance_id, ""), preparer=prep, labels=LABELS)
+    """A shipped more-itertools row, its image built from the sdist (as on a fresh clone),
+    graded by the harness in copies of its prepared set-up."""
+    task = next(t for t in _shipped() if t.repo == "pypi/more-itertools")
+    made = not env_images.image_exists(task.image)
+    built = image.ensure_images([task])
+    try:
+        assert built == {task.image: synthesized[2]}  # the same content-addressed build
+        with Preparer(client) as prep:
+            gold = grade(
+                client, task, Prediction(task.instance_id, task.patch), preparer=prep, labels=LABELS
+            )
+            empty = grade(
+                client, task, Prediction(task.instance_id, ""), preparer=prep, labels=LABELS
+            )
+    finally:
+        if made and task.image != synthesized[2]:
+            subprocess.run(["docker", "rmi", task.image], capture_output=True, check=False)
     assert gold.verify_status == "RESOLVED_FULL" and gold.resolved, gold.to_dict()
     assert empty.verify_status == "EMPTY_PATCH" and not empty.resolved
     failed = empty.tests_status["FAIL_TO_PASS"]["failure"]
@@ -124,3 +159,38 @@ def test_second_run_resumes(
     baseline = json.loads(state_before.splitlines()[0])
     assert baseline["kind"] == "baseline" and baseline["passing"]
     assert again.baseline_s == first.baseline_s  # the baseline was read, not run again
+
+
+GOLD = (
+    "diff --git a/pkg/mod.py b/pkg/mod.py\n--- a/pkg/mod.py\n+++ b/pkg/mod.py\n"
+    "@@ -1,2 +1,3 @@\n def f(x):\n+    x = normalise_input(x)\n     return x\n"
+)
+LOG = "FAILED tests/test_mod.py::test_f - AssertionError: 3 != 4\n"
+
+
+def test_statement_from_a_model_never_holds_the_patch() -> None:
+    """Over real HTTP to a fake OpenAI-compatible server: a symptom-only answer is kept; one
+    quoting a changed line, or a diff, or a failing model gives the template instead."""
+    from orchard.agents.llm import OpenAIModel
+    from orchard.swe.synth import statement
+    from tests.swe.fake_openai import FakeOpenAIServer, Reply
+
+    bug = GOLD.replace("+    x = normalise", "-    x = normalise")
+    issue = "f() returns 3 for 4\n\nCalling `f(4)` gives 3; expected 4.\n"
+    replies = [
+        Reply(content=issue),
+        Reply(content="Fix: add `x = normalise_input(x)` at the top of f."),
+        Reply(content="Try this:\n" + GOLD),
+        Reply(status=400),
+    ]
+    with FakeOpenAIServer(replies) as srv:
+        model = OpenAIModel(srv.base_url, max_retries=0, backoff_s=0.01)
+        got = [
+            statement.write("pkg", "1.0", ["tests/test_mod.py::test_f"], LOG, GOLD, bug, model)
+            for _ in range(4)
+        ]
+    assert got[0] == (issue, "model")
+    template = statement.write("pkg", "1.0", ["tests/test_mod.py::test_f"], LOG, GOLD, bug, None)
+    assert template[1] == "template" and "AssertionError: 3 != 4" in template[0]
+    assert got[1:] == [template] * 3
+    assert rows.leaks(got[1][0], GOLD) == [] and "normalise_input" not in template[0]

@@ -262,7 +262,9 @@ swe_app.command("export-log")(export_log_command("swe"))
     "ones are dropped), then applies SWE-smith's procedural modifiers to one function or "
     "class at a time. A candidate is kept when some tests fail (FAIL_TO_PASS) and the rest "
     "pass (PASS_TO_PASS), and the harness's own grading resolves its gold patch and not the "
-    "empty one. A second run with the same -o skips what is already decided.",
+    "empty one. A second run with the same -o skips what is already decided. Problem "
+    "statements are written by the model at $ORCHARD_MODEL_URL ($ORCHARD_MODEL_NAME) when "
+    "set, else from a template over the failing tests; neither ever holds the patch.",
     epilog="[bold]Examples[/bold]\n\n"
     "  orchard swe synth more-itertools==11.2.1 --n 5 -o real/more-itertools.jsonl\n\n"
     "  orchard swe synth more-itertools==11.2.1 --n 20 --modifiers func_pm_op_change "
@@ -292,6 +294,10 @@ def synth(
     slow_s: Annotated[
         float, typer.Option(help="Drop tests slower than this in the baseline (seconds).")
     ] = 1.0,
+    per_entity: Annotated[
+        int,
+        typer.Option(min=0, help="At most this many candidates per function or class (0: no cap)."),
+    ] = 2,
     fork: Annotated[
         bool,
         typer.Option(
@@ -307,6 +313,7 @@ def synth(
 
     from orchard.swe.synth.pipeline import Counts, synthesize
     from orchard.swe.synth.source import SourceError
+    from orchard.swe.synth.statement import model_from_env
 
     def line(c: Counts) -> str:
         why = ", ".join(f"{k} {v}" for k, v in sorted(c.dropped.items())) or "none"
@@ -334,7 +341,9 @@ def synth(
                 max_candidates=max_candidates,
                 fork=fork,
                 slow_s=slow_s,
+                per_entity=per_entity or None,
                 labels=labels(label),
+                model=model_from_env(),
                 progress=lambda c: bar.update(task, description=line(c)),
             )
     summary = counts.summary()

@@ -105,12 +105,14 @@ def candidates(
     modifiers: Sequence[str] | None = None,
     prefix: str = "",
     stats: dict[str, int] | None = None,
+    per_entity: int | None = 2,
 ) -> Iterator[Candidate]:
     """Candidates in a seeded order: entities shuffled, each tried with every chosen modifier
     that applies to it. A modifier's own randomness is seeded per (seed, entity, modifier),
     so a candidate is a pure function of the source and the seed (what makes runs resumable).
     Candidates that do not compile, or change nothing, are not yielded (`stats` counts
-    `generated` and `uncompiled`).
+    `generated` and `uncompiled`). At most `per_entity` candidates come from one entity, so a
+    set spreads over the code instead of piling bugs into the first functions drawn.
     """
     stats = stats if stats is not None else {}
     _, mods = _load_swesmith()
@@ -126,7 +128,10 @@ def candidates(
         path = Path(ent.file_path)
         rel = str(path.relative_to(root))
         text = texts.setdefault(rel, path.read_text(encoding="utf8"))
+        made = 0
         for mod in mods:
+            if per_entity is not None and made >= per_entity:
+                break
             if not mod.can_change(ent):
                 continue
             key = f"{seed}:{rel}:{ent.line_start}:{ent.name}:{mod.name}"
@@ -143,6 +148,7 @@ def candidates(
                 stats["uncompiled"] = stats.get("uncompiled", 0) + 1
                 continue
             digest = hashlib.sha256(after.encode()).hexdigest()[:8]
+            made += 1
             yield Candidate(
                 id=f"{prefix}{mod.name}__{digest}",
                 strategy=mod.name,

@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from orchard.env import images as env_images
 from orchard.swe import images as swe_images
-from orchard.swe.tasks import DEFAULT_WORKDIR
+from orchard.swe.tasks import DEFAULT_WORKDIR, Task
 
 SYNTH_REPO = "orchard/swe-synth"
 _RECIPE = "synth-1"
@@ -60,3 +61,22 @@ def _build(base: str, tar: bytes, tag: str, workdir: str) -> None:
 def remove_image(tag: str) -> None:
     """Drop a synthesized project's image (tests clean up what they made)."""
     subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+
+
+def ensure_images(tasks: Iterable[Task], cache: Path | None = None) -> dict[str, str]:
+    """Build the images of synthesized rows on a fresh machine (their sdists from PyPI or the
+    cache); each row's recorded `image` is tagged onto the build. Returns image -> build."""
+    from orchard.swe.synth import source
+
+    built: dict[str, str] = {}
+    for t in tasks:
+        extra = (t.model_extra or {}).get("synth") or {}
+        spec = str(extra.get("source", "")).removeprefix("pypi:")
+        if not spec or t.image in built:
+            continue
+        project = source.fetch(spec, cache)
+        tag, _ = project_image(project.root, project.slug, workdir=t.workdir)
+        if tag != t.image:
+            swe_images._docker("tag", tag, t.image)
+        built[t.image] = tag
+    return built

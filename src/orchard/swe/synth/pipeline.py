@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from orchard.swe.grading import Prediction, grade
 from orchard.swe.prepare import Preparer
-from orchard.swe.synth import bugs, image, rows, source, validate
+from orchard.swe.synth import bugs, image, rows, source, statement, validate
 from orchard.swe.tasks import Task
 
 if TYPE_CHECKING:
+    from orchard.agents.llm import ChatModel
     from orchard.env.sdk import Orchard
 
 
@@ -87,11 +88,14 @@ def synthesize(
     max_candidates: int | None = None,
     fork: bool = True,
     slow_s: float = 1.0,
+    per_entity: int | None = 2,
     labels: dict[str, str] | None = None,
     cache: Path | None = None,
+    model: ChatModel | None = None,
     progress: Progress | None = None,
 ) -> Counts:
-    """Make up to `n` validated task rows from `spec` (NAME==VERSION), appended to `out`."""
+    """Make up to `n` validated task rows from `spec` (NAME==VERSION), appended to `out`.
+    `model` writes the problem statements (else a template over the failing tests)."""
     counts, lock = Counts(fork=fork), threading.Lock()
     tell = progress or (lambda c: None)
     project = source.fetch(spec, cache)
@@ -124,6 +128,7 @@ def synthesize(
             modifiers=modifiers,
             prefix="",
             stats=stats,
+            per_entity=per_entity,
         )
         limit = max_candidates if max_candidates is not None else 20 * max(n, 1)
         timeout = max(60.0, 5 * base.duration_s)
@@ -143,7 +148,9 @@ def synthesize(
                 if not wave:
                     break
                 work = [
-                    pool.submit(_one, client, project, prepared, base, c, tag, seed, timeout, fork)
+                    pool.submit(
+                        _one, client, project, prepared, base, c, tag, seed, timeout, fork, model
+                    )
                     for c in wave
                 ]
                 for fut in work:
@@ -226,6 +233,7 @@ def _one(
     seed: int,
     timeout: float,
     fork: bool,
+    model: ChatModel | None = None,
 ) -> tuple[dict[str, Any], Task | None]:
     """Validate one candidate: its tests, then (if kept) its row through grading itself."""
     rec: dict[str, Any] = {"id": cand.id, "strategy": cand.strategy, "entity": cand.entity}
@@ -249,6 +257,9 @@ def _one(
     if not p2p:
         rec["status"] = "breaks_every_test"
         return rec, None
+    text, by = statement.write(
+        project.name, project.version, f2p, outcome.log, cand.gold_patch, cand.bug_patch, model
+    )
     row = rows.task_row(
         project,
         cand,
@@ -259,7 +270,8 @@ def _one(
         test_cmd=base.test_cmd,
         fail_to_pass=f2p,
         pass_to_pass=p2p,
-        log=outcome.log,
+        problem_statement=text,
+        statement_by=by,
         run_seed=seed,
     )
     rec["status"] = check_row(client, row, fork=fork, timeout_s=timeout, labels=prepared.labels)

@@ -12,13 +12,15 @@ from typing import Any
 
 from orchard.swe.synth.bugs import Candidate
 from orchard.swe.synth.source import Project
-from orchard.swe.tasks import DEFAULT_WORKDIR, Task
+from orchard.swe.tasks import DEFAULT_WORKDIR, SAMPLE_DIR, Task
 
+# The shipped synthesized set: one .jsonl per project, made by `orchard swe synth`.
+REAL_DIR = SAMPLE_DIR / "real"
 _MAX_SHOWN = 5
 _MIN_LEAK = 10  # shorter changed lines (`pass`, `else:`) are words, not a leak
 
 
-def _messages(log: str, failing: Sequence[str]) -> dict[str, str]:
+def messages(log: str, failing: Sequence[str]) -> dict[str, str]:
     """`FAILED <id> - <message>` lines of pytest's -rA summary, per test id."""
     out: dict[str, str] = {}
     wanted = set(failing)
@@ -30,12 +32,12 @@ def _messages(log: str, failing: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def statement(project: Project, fail_to_pass: Sequence[str], log: str, patch: str) -> str:
+def statement(name: str, version: str, fail_to_pass: Sequence[str], log: str, patch: str) -> str:
     """A bug report from the symptom: which tests fail and how; no line of the patch."""
-    msgs = _messages(log, fail_to_pass)
+    msgs = messages(log, fail_to_pass)
     shown = list(fail_to_pass)[:_MAX_SHOWN]
     lines = [
-        f"Regression in {project.name} {project.version}: "
+        f"Regression in {name} {version}: "
         + (
             "1 test of the project's own suite now fails."
             if len(fail_to_pass) == 1
@@ -84,7 +86,8 @@ def task_row(
     test_cmd: str,
     fail_to_pass: Sequence[str],
     pass_to_pass: Sequence[str],
-    log: str,
+    problem_statement: str,
+    statement_by: str,
     run_seed: int,
 ) -> Task:
     """The row: gold = the reverse of the bug; the bug itself goes in at set-up."""
@@ -95,7 +98,7 @@ def task_row(
             "repo": repo,
             "base_commit": base_commit,
             "environment_setup_commit": base_commit,
-            "problem_statement": statement(project, fail_to_pass, log, cand.gold_patch),
+            "problem_statement": problem_statement,
             "patch": cand.gold_patch,
             "test_patch": "",
             "FAIL_TO_PASS": list(fail_to_pass),
@@ -108,7 +111,7 @@ def task_row(
             "eval_script": eval_script,
             "log_parser": "parse_log_pytest",
             "eval_type": "pass_and_fail",
-            "synth": _provenance(project, cand, run_seed),
+            "synth": {**_provenance(project, cand, run_seed), "statement": statement_by},
         }
     )
 
