@@ -109,7 +109,8 @@ def _shipped() -> list[Task]:
 def test_shipped_rows_are_well_formed() -> None:
     """Every shipped row: schema, provenance with its seed, no statement leaking its patch."""
     shipped = _shipped()
-    assert len({t.model_extra["synth"]["source"] for t in shipped if t.model_extra}) >= 2
+    assert len(shipped) >= 60 and len({t.instance_id for t in shipped}) == len(shipped)
+    assert len({t.model_extra["synth"]["source"] for t in shipped if t.model_extra}) >= 3
     for t in shipped:
         assert t.FAIL_TO_PASS and t.PASS_TO_PASS and t.patch and t.setup_script, t.instance_id
         assert not set(t.FAIL_TO_PASS) & set(t.PASS_TO_PASS)
@@ -137,9 +138,13 @@ def test_shipped_row_gold_resolves_and_empty_fails(
             empty = grade(
                 client, task, Prediction(task.instance_id, ""), preparer=prep, labels=LABELS
             )
+            with prep.start(task, labels=LABELS) as sb:  # the set-up is reproducible
+                head = sb.exec("git rev-parse HEAD && git log --oneline | wc -l", cwd=task.workdir)
+                status = sb.exec("git status --porcelain", cwd=task.workdir).stdout
     finally:
         if made and task.image != synthesized[2]:
             subprocess.run(["docker", "rmi", task.image], capture_output=True, check=False)
+    assert head.stdout.split() == [task.base_commit, "1"] and status == ""  # no trace of a diff
     assert gold.verify_status == "RESOLVED_FULL" and gold.resolved, gold.to_dict()
     assert empty.verify_status == "EMPTY_PATCH" and not empty.resolved
     failed = empty.tests_status["FAIL_TO_PASS"]["failure"]

@@ -357,11 +357,13 @@ def synth(
         table.add_column(col, justify="right" if col != "modifier" else "left")
     for name, per in sorted(counts.per_modifier.items()):
         table.add_row(name, str(per["tried"]), str(per["kept"]))
-    table.add_row("[bold]total[/bold]", str(counts.tried + counts.skipped), str(counts.kept))
+    tried = sum(per["tried"] for per in counts.per_modifier.values())
+    table.add_row("[bold]total[/bold]", str(tried), str(counts.kept))
     print_table(table)
     v = summary["validation_s"]
     console.print(
-        f"baseline {counts.baseline_s:.1f} s/run · validation {v['mean'] or 0:.1f} s/candidate "
-        f"({'fork' if counts.fork else 'fresh'}) · dropped {json.dumps(counts.dropped)}",
+        f"baseline {counts.baseline_s:.1f} s/run · validation "
+        + (f"{v['mean']:.1f} s/candidate" if v["mean"] is not None else "none this run")
+        + f" ({'fork' if counts.fork else 'fresh'}) · dropped {json.dumps(counts.dropped)}",
         markup=False,
     )

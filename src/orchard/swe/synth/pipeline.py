@@ -112,6 +112,8 @@ def synthesize(
     out.parent.mkdir(parents=True, exist_ok=True)
     kept_ids = {json.loads(x)["instance_id"] for x in _lines(out)}
     counts.kept = len(kept_ids)
+    for rec in done.values():  # earlier runs' decisions count in the per-modifier table
+        _count_old(counts, rec)
     if base_rec is not None and counts.kept >= n:  # done already: start no sandbox
         counts.baseline_s = float(base_rec["duration_s"])
         tell(counts)
@@ -140,7 +142,6 @@ def synthesize(
                     counts.compiled = counts.candidates - stats.get("uncompiled", 0)
                     if cand.id in done:
                         counts.skipped += 1
-                        _count_old(counts, done[cand.id])
                         continue
                     wave.append(cand)
                     if len(wave) >= min(jobs, n - counts.kept, limit - counts.tried):
@@ -202,10 +203,12 @@ def _prepare(
 
 
 def _count_old(counts: Counts, rec: dict[str, Any]) -> None:
-    """An earlier run's decision still counts towards kept (rows are in the output)."""
+    """An earlier run's decision, in the per-modifier table (its row is in the output)."""
     per = counts.per_modifier.setdefault(rec["strategy"], {"tried": 0, "kept": 0})
     per["tried"] += 1
     per["kept"] += rec["status"] == "kept"
+    if rec["status"] != "kept":
+        counts.drop(rec["status"])
 
 
 def _record(counts: Counts, rec: dict[str, Any]) -> None:
