@@ -142,6 +142,29 @@ class Run:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """The run's summary.json, or {} when it wrote none."""
+    path = run_dir / "summary.json"
+    summary: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    return summary
+
+
+def accuracy_run(family: str, run_dir: Path, samples: list[EvalSample], scorer: str) -> Run:
+    """A run scored C/I per sample (SWE, GUI): accuracy over the scored samples."""
+    scored = [s for s in samples if s.scores and scorer in s.scores]
+    ok = sum(1 for s in scored if s.scores and s.scores[scorer].value == "C")
+    summary = read_summary(run_dir)
+    return Run(
+        family=family,
+        run_dir=run_dir,
+        samples=samples,
+        scorer=scorer,
+        model=str((samples[0].metadata.get("model") or {}).get("name", "unknown")),
+        metrics={"accuracy": ok / len(scored)} if scored else {},
+        metadata={"summary": summary} if summary else {},
+    )
+
+
 def _total_usage(samples: Iterable[EvalSample]) -> dict[str, ModelUsage]:
     total: dict[str, ModelUsage] = {}
     for s in samples:

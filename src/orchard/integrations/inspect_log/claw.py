@@ -25,6 +25,7 @@ from orchard.integrations.inspect_log._common import (
     first_text,
     iso,
     message,
+    read_summary,
     sample_error,
     usage,
 )
@@ -129,8 +130,7 @@ def run(run_dir: Path) -> Run:
     rows.sort(key=lambda r: (r["task_id"], r["trial"]))
     safety = _safety_ids()
     samples = [sample(run_dir, r, safety.get(r["task_id"])) for r in rows]
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = read_summary(run_dir)
     metrics = {"accuracy": sum(1 for r in rows if r.get("passed")) / len(rows)}
     k = summary.get("k")
     for key, name in (("pass_at_k", f"pass@{k}"), ("pass_hat_k", f"pass^{k}")):

@@ -30,6 +30,7 @@ from orchard.gui.harness import GuiTrajectory
 from orchard.integrations.inspect_log._common import (
     ImageResolver,
     Run,
+    accuracy_run,
     first_text,
     iso,
     message,
@@ -167,16 +168,4 @@ def run(run_dir: Path) -> Run:
     samples = [sample(p) for p in sorted(run_dir.glob("*/result.json"))]
     if not samples:
         raise FileNotFoundError(f"{run_dir}: no GUI results (<task>/result.json)")
-    scored = [s for s in samples if s.scores and SCORER in s.scores]
-    ok = sum(1 for s in scored if s.scores and s.scores[SCORER].value == "C")
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return Run(
-        family="gui",
-        run_dir=run_dir,
-        samples=samples,
-        scorer=SCORER,
-        model=str((samples[0].metadata.get("model") or {}).get("name", "unknown")),
-        metrics={"accuracy": ok / len(scored)} if scored else {},
-        metadata={"summary": summary} if summary else {},
-    )
+    return accuracy_run("gui", run_dir, samples, SCORER)

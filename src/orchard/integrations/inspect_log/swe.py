@@ -20,6 +20,7 @@ from inspect_ai.tool import ToolCall
 
 from orchard.integrations.inspect_log._common import (
     Run,
+    accuracy_run,
     first_text,
     iso,
     message,
@@ -131,16 +132,4 @@ def run(run_dir: Path) -> Run:
     samples = [sample(p) for p in sorted(run_dir.glob("**/*.traj.json"))]
     if not samples:
         raise FileNotFoundError(f"{run_dir}: no SWE trajectories (<id>/<id>.traj.json)")
-    scored = [s for s in samples if s.scores]
-    resolved = sum(1 for s in scored if s.scores and s.scores[SCORER].value == "C")
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return Run(
-        family="swe",
-        run_dir=run_dir,
-        samples=samples,
-        scorer=SCORER,
-        model=str((samples[0].metadata.get("model") or {}).get("name", "unknown")),
-        metrics={"accuracy": resolved / len(scored)} if scored else {},
-        metadata={"summary": summary} if summary else {},
-    )
+    return accuracy_run("swe", run_dir, samples, SCORER)
