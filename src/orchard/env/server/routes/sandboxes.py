@@ -26,17 +26,34 @@ T = TypeVar("T")
 
 
 async def while_connected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Run a create, cancelled (so undone) as soon as its client goes away."""
+    """Run a create, cancelled (so undone) as soon as its client goes away.
+
+    A server stopping past its graceful timeout cancels this handler: the create was
+    cancelled at SIGTERM already, so its clean-up is waited for and the caller gets the
+    503 it would have had, not the server's bare 500.
+    """
     task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.25)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OrchardError):
-                await task
-            raise Unavailable("the client went away; the create was undone")
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OrchardError):
+                    await task
+                raise Unavailable("the client went away; the create was undone")
+    except asyncio.CancelledError:
+        service = getattr(request.app.state, "service", None)
+        current = asyncio.current_task()
+        if not getattr(service, "stopping", False) or current is None:
+            raise
+        current.uncancel()
+        # Not cancelled again (that would cut its clean-up short): waited for, so what it
+        # made is removed before the backend closes.
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(task)
+        raise Unavailable("the service is stopping: the create was undone") from None
 
 
 @router.post("/v1/sandboxes", status_code=201, response_model=Sandbox)
