@@ -67,13 +67,20 @@ class SDK:
         return env
 
     def run(
-        self, code: str, key: str = KEY_ALICE, timeout_s: float = 180, hard_exit: bool = False
+        self,
+        code: str,
+        key: str = KEY_ALICE,
+        timeout_s: float = 180,
+        hard_exit: bool | None = None,
     ) -> dict[str, Any]:
         """Run `code` (after PRELUDE); it fills `result`, which comes back as a dict.
 
         `hard_exit`: leave with os._exit once the result is out, skipping the interpreter's
         teardown, where the SDK's HTTP stack (pyqwest) sometimes aborts (SIGABRT) after an
-        async stream it was reading was cancelled (AsyncWatchHandle.stop does that)."""
+        async stream it was reading was cancelled (AsyncWatchHandle.stop does that; an
+        async `run_code` did too, in CI). The default: for every script of the async SDK."""
+        if hard_exit is None:
+            hard_exit = "AsyncSandbox" in code
         script = PRELUDE + textwrap.dedent(code) + f"\nprint({MARK!r} + json.dumps(result))\n"
         if hard_exit:
             script += "sys.stdout.flush()\nos._exit(0)\n"
