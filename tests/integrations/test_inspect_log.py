@@ -59,6 +59,14 @@ def _cli(
     )
 
 
+def _swe_run(
+    client: Orchard, model: str, out: Path, instance_id: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """`orchard swe run` of one task into `out`, with `extra` flags."""
+    args = ("run", "--model", model, "--out", str(out), "-i", instance_id, *extra)
+    return _cli("swe", *args, client=client)
+
+
 def _read(path: Path) -> EvalLog:
     log = read_eval_log(str(path), resolve_attachments=True)
     assert log.status == "success" and log.samples
@@ -72,18 +80,7 @@ def test_swe_run_writes_an_inspect_log(
     task = tasks[0]
     out = tmp_path / "run"
     replay = f"replay:{SAMPLE_DIR / 'trajectories'}"
-    proc = _cli(
-        "swe",
-        "run",
-        "--model",
-        replay,
-        "--out",
-        str(out),
-        "-i",
-        task.instance_id,
-        "--json",
-        client=client,
-    )
+    proc = _swe_run(client, replay, out, task.instance_id, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["resolved_ids"] == [task.instance_id]  # stdout stays JSON
     assert f"inspect view --log-dir {out}" in proc.stderr
@@ -127,18 +124,7 @@ def test_swe_run_writes_an_inspect_log(
     assert [(m.role, m.text) for m in again.messages] == [(m.role, m.text) for m in sample.messages]
     assert again.scores == sample.scores
     (out / "run.eval").unlink()
-    proc = _cli(
-        "swe",
-        "run",
-        "--model",
-        replay,
-        "--out",
-        str(out),
-        "-i",
-        task.instance_id,
-        "--no-eval-log",
-        client=client,
-    )
+    proc = _swe_run(client, replay, out, task.instance_id, "--no-eval-log")
     assert proc.returncode == 0, proc.stderr
     assert not (out / "run.eval").exists()
     bad = _cli("swe", "export-log", str(tmp_path / "missing"))
