@@ -7,7 +7,7 @@ AGENT_BIN  := build/orchard-agent
 AGENT_SRC  := $(shell find agent -name "*.go" -not -name "*_test.go") agent/go.mod
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup agent lint test test-fast test-unit test-go test-py test-k8s cluster cluster-down demo demo-env demo-gui demo-claw bench clean help
+.PHONY: setup agent lint test test-fast test-unit test-go test-py test-k8s screenshots cluster cluster-down demo demo-env demo-gui demo-claw bench bench-k8s clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -26,16 +26,20 @@ src/orchard/bin/orchard-agent: $(AGENT_BIN)
 	@mkdir -p src/orchard/bin
 	cp $(AGENT_BIN) $@
 
-lint:  ## ruff, mypy --strict, gofmt, go vet (linux and darwin)
+lint:  ## ruff, mypy --strict (src and tests), gofmt, go vet (linux and darwin)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
-	@out=$$(gofmt -l agent deploy/kubernetes/images/injector); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	@out=$$(gofmt -l agent node deploy/kubernetes/images/injector deploy/kubernetes/images/registry/gate); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	cd agent && go vet ./... && GOOS=darwin go vet ./... && GOOS=darwin go build -o /dev/null ./...
 	cd deploy/kubernetes/images/injector && go vet ./...
+	cd node && go vet ./...
+	cd deploy/kubernetes/images/registry/gate && go vet ./...
 
-test-go:  ## go test of the agent
+test-go:  ## go test of the agent, the node helper and the registry's gate
 	cd agent && go test -count=1 ./...
+	cd node && go test -count=1 ./...
+	cd deploy/kubernetes/images/registry/gate && go test -count=1 ./...
 
 # The unit tests: every test not marked docker or k8s (tests/conftest.py marks them from
 # the fixtures they use). DOCKER_HOST points at no engine, so a test that needs one but is
@@ -50,12 +54,15 @@ test-fast:  ## the quick loop: lint, go test and the unit tests, side by side; n
 	@$(MAKE) --no-print-directory -j3 --output-sync=target lint test-go test-unit
 
 test-py:  # the daemon-restart fault test runs here, where nothing else uses the engine
-	ORCHARD_TEST_DOCKER_RESTART=1 $(VENV)/bin/pytest -q
+	ORCHARD_TEST_DOCKER_RESTART=1 $(VENV)/bin/pytest -q --durations=30
 
 test: setup  ## lint, then go test and pytest (needs a Docker engine; setup starts one)
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory test-go
 	@$(MAKE) --no-print-directory test-py
+
+screenshots:  ## rerun the browser tests so they rewrite docs/dashboard/*.png (a plain run writes build/screenshots/)
+	ORCHARD_UPDATE_DOCS=1 $(VENV)/bin/pytest -q tests/dashboard
 
 test-k8s: setup  ## the live suite on a real Kubernetes cluster built from source (make cluster), Orchard deployed in it
 	@bash scripts/test-k8s.sh
@@ -80,6 +87,13 @@ demo-claw: setup  ## one productivity task through the tool-calling harness, gra
 
 bench: setup  ## benchmarks (not part of make test); e.g. BENCH_ARGS="--quick" or "--n 200 --only stress,exec"
 	$(PY) bench/run_all.py $(BENCH_ARGS)
+
+bench-k8s: setup  ## the Kubernetes benchmarks on the real node (cold create vs the kubelet, pool claims, 300 x 4); e.g. BENCH_ARGS="--only create"
+	@bash scripts/bench-k8s.sh $(BENCH_ARGS)
+
+.PHONY: bench-kwok
+bench-kwok: setup  ## control-plane scale on kwok's fake Nodes (200 Nodes, 5000 pods) on the running trial cluster (`make cluster` first); e.g. BENCH_ARGS="--pods 1000"
+	$(PY) bench/k8s_kwok.py --kubeconfig "$$(bash deploy/cluster/cluster.sh kubeconfig)" $(BENCH_ARGS)
 
 clean:
 	rm -rf build src/orchard/bin .mypy_cache .ruff_cache .pytest_cache

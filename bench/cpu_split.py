@@ -33,7 +33,7 @@ def _stat(pid: int) -> tuple[float, float, float, float]:
 
 
 def _spawners(pid: int) -> list[int]:
-    """The service's living spawner (backends/spawner.py), which forks the runtime's
+    """The service's living spawner (backends/local/spawner.py), which forks the runtime's
     children that mount a rootfs first: its CPU and its reaped children's are the
     runtime's, not yet in the service's children's times while it lives."""
     found = []

@@ -10,7 +10,8 @@ import contextlib
 import json
 from pathlib import Path
 
-from orchard.env.backends.local_net import veth_names
+from orchard.env.backends.local.net import veth_names
+from orchard.env.backends.runtimes import LEGACY_RUNTIME, RUNTIMES
 
 
 def snapshot(state: Path) -> dict[str, tuple[int, int]]:
@@ -28,7 +29,8 @@ def runtimes(state: Path) -> str:
     names: set[str] = set()
     for box in (state / "sandboxes").iterdir():
         with contextlib.suppress(OSError, ValueError):
-            names.add(str(json.loads((box / "meta.json").read_text()).get("runtime", "runc")))
+            meta = json.loads((box / "meta.json").read_text())
+            names.add(str(meta.get("runtime", LEGACY_RUNTIME)))
     return "+".join(sorted(names))
 
 
@@ -47,8 +49,11 @@ def leftovers(state: Path, seen: dict[str, tuple[int, int]]) -> dict[str, int]:
     cgroups = sum(1 for sid in seen for _ in Path("/sys/fs/cgroup").glob(f"*/orchard/{sid}")) + sum(
         1 for sid in seen if Path(f"/sys/fs/cgroup/orchard/{sid}").exists()
     )
+    # A sandbox's mounts name its id; the service's own (its sockets' tmpfs) stay.
     mounts = sum(
-        1 for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(state) in line
+        1
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if str(state) in line and any(sid in line for sid in seen)
     )
     return {
         "folders": sum(1 for _ in (state / "sandboxes").iterdir()),
@@ -56,7 +61,5 @@ def leftovers(state: Path, seen: dict[str, tuple[int, int]]) -> dict[str, int]:
         "mounts": mounts,
         "veths": sum(1 for sid in seen if Path(f"/sys/class/net/{veth_names(sid)[0]}").exists()),
         "processes": sum(1 for pid, t in seen.values() if pid and _alive(pid, t)),
-        "runtime_states": sum(
-            1 for sid in seen for rt in ("runc", "crun") if (state / rt / sid).exists()
-        ),
+        "runtime_states": sum(1 for sid in seen for rt in RUNTIMES if (state / rt / sid).exists()),
     }

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 from orchard import Orchard
-from orchard.env.backends import criu
+from orchard.env.backends.local import criu
 from orchard.env.config import ServiceConfig
 from orchard.env.images import busybox_image, debian_python_image
 from orchard.env.sdk import Sandbox

@@ -4,7 +4,9 @@ warm-pool claim vs create latency.
 A "prepared SWE sample": a repository-like tree (2,000 small files, a 20 MiB blob, a
 `git init` where git exists) written by a set-up step. Fork = one snapshot + 8 sandboxes
 from it; the peer is 8 fresh creates that each run the set-up. Per backend (docker,
-local), each in its own in-process service.
+local), each in its own in-process service; `kubernetes` goes through the in-cluster
+service at its NodePort (found as bench/k8s_pools.py finds it: `--kubeconfig`), with an
+image the node has (`--k8s-image`). What a backend answers 501 (not_supported) is `n/a`.
 
 "SWE set-up once + fork" (`swe_fork`) does the same with the SWE sample task
 `intervals-1` (its image, built offline) and a task set-up that stands in for an install
@@ -15,6 +17,10 @@ fresh creates that each run the set-up, all 8 at once.
 
     .venv/bin/python bench/state.py [--backends docker,local] [--n 8] [--rounds 20] [--no-swe]
     .venv/bin/python bench/state.py --only pools [--claims 40]
+    .venv/bin/python bench/state.py --backends kubernetes --no-swe --k8s-image IMAGE \
+        --kubeconfig /var/lib/orchard-cluster/kubeconfig/admin.kubeconfig
+    .venv/bin/python bench/state.py --backends docker,local,kubernetes --deploy \
+        --k8s-image IMAGE --kubeconfig ...   # the SWE fork beside docker and local
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import common
 
 from orchard import Orchard
 from orchard.env.config import ServiceConfig
+from orchard.env.errors import NotSupported
 from orchard.env.images import busybox_image
 
 SETUP = (
@@ -57,7 +64,15 @@ SWE_SETUP = (
 SWE_TASK = "orchard-samples__intervals-1"
 
 
+K8S: dict[str, str] = {"kubeconfig": "", "owner": "alice"}  # set by main
+
+
 def _client(backend: str, state: Path) -> Orchard:
+    if backend == "kubernetes":
+        import k8s_pools
+
+        url, key = k8s_pools.service(K8S["kubeconfig"], K8S["owner"])
+        return Orchard(base_url=url, api_key=key)
     cfg = ServiceConfig(
         state_dir=state,
         backend=backend,
@@ -70,17 +85,21 @@ def _client(backend: str, state: Path) -> Orchard:
 def _bench(backend: str, image: str, n: int, rounds: int) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="ob-"))
     with _client(backend, state) as c:
-        src = c.sandboxes.create(image)
+        src = c.sandboxes.create(image, labels=common.LABELS)
         src.exec(SETUP)
+        snap: Any = None
         t0 = time.perf_counter()
-        with src.fork(n) as forks:
-            fork_s = time.perf_counter() - t0
-            assert len(forks) == n, forks.errors
-            snap = forks.snapshot
-        assert snap is not None
+        try:
+            with src.fork(n) as forks:
+                fork_s: float | None = time.perf_counter() - t0
+                assert len(forks) == n, forks.errors
+                snap = forks.snapshot
+            assert snap is not None
+        except NotSupported:  # kubernetes before its snapshots
+            fork_s = None
 
         def fresh() -> None:
-            with c.sandboxes.create(image) as sb:
+            with c.sandboxes.create(image, labels=common.LABELS) as sb:
                 sb.exec(SETUP)
 
         t0 = time.perf_counter()
@@ -95,7 +114,8 @@ def _bench(backend: str, image: str, n: int, rounds: int) -> dict[str, Any]:
             with common.timer(resume):
                 src.resume()
         src.delete()
-        c.snapshots.delete(snap.id)
+        if snap is not None:
+            c.snapshots.delete(snap.id)
     image_bytes = int(
         subprocess.run(
             ["docker", "image", "inspect", "-f", "{{.Size}}", image], capture_output=True, text=True
@@ -105,10 +125,10 @@ def _bench(backend: str, image: str, n: int, rounds: int) -> dict[str, Any]:
     return {
         "fork_s": fork_s,
         "create_setup_s": create_s,
-        "speedup": create_s / fork_s,
+        "speedup": create_s / fork_s if fork_s else None,
         "pause": common.summarize(pause),
         "resume": common.summarize(resume),
-        "snapshot_mib": snap.size_bytes / (1 << 20),
+        "snapshot_mib": snap.size_bytes / (1 << 20) if snap is not None else None,
         "image_mib": image_bytes / (1 << 20),
     }
 
@@ -148,6 +168,10 @@ def _bench_swe_fork(backend: str, n: int) -> dict[str, Any]:
     from orchard.swe.prepare import run_setup
 
     task = _swe_task()
+    if backend == "kubernetes" and K8S.get("load"):
+        from k8s_deploy import CLUSTER_SH
+
+        subprocess.run(["bash", str(CLUSTER_SH), "load", task.image], check=True)
     state = Path(tempfile.mkdtemp(prefix="ob-swe-"))
     with _client(backend, state) as c:
         c.sandboxes.create(task.image).delete()  # the image in the backend's store first
@@ -261,26 +285,54 @@ def main(cleanup: common.Cleanup) -> int:
     ap.add_argument("--no-swe", action="store_true", help="skip the SWE set-up + fork section")
     ap.add_argument("--claims", type=int, default=40, help="warm-pool claims (and creates)")
     ap.add_argument("--only", choices=["pools"], help="run only this section")
+    ap.add_argument("--kubeconfig", default="", help="kubernetes: the cluster's admin kubeconfig")
+    ap.add_argument("--k8s-image", default="", help="kubernetes: an image the node has")
+    ap.add_argument("--owner", default="alice", help="kubernetes: whose API key to use")
+    ap.add_argument(
+        "--deploy",
+        action="store_true",
+        help="kubernetes: deploy the local overlay for this run (bench/k8s_deploy.py, removed "
+        "after) and load the SWE task's image into the trial cluster (deploy/cluster)",
+    )
     args = ap.parse_args()
+    K8S.update(kubeconfig=args.kubeconfig, owner=args.owner)
+    if args.deploy and "kubernetes" in args.backends.split(","):
+        from k8s_deploy import Kube, deployed
+
+        K8S["load"] = "1"
+        svc = deployed(Kube(args.kubeconfig), {})
+        svc.__enter__()
+        cleanup.add("the deployed service", lambda: svc.__exit__(None, None, None))
     image = busybox_image()
     claims = 10 if args.quick else args.claims
-    pools = {b: _bench_pool(b, image, claims) for b in args.backends.split(",")}
-    print(_pool_table(pools))
+    local = [b for b in args.backends.split(",") if b != "kubernetes"]
+    pools = {b: _bench_pool(b, image, claims) for b in local}  # k8s: bench/k8s_pools.py
+    if pools:
+        print(_pool_table(pools))
     if args.only == "pools":
         common.write_json("state", {"machine": common.machine(), "pools": pools})
         return 0
     results = {
-        b: _bench(b, image, args.n, 5 if args.quick else args.rounds)
+        b: _bench(
+            b,
+            args.k8s_image if b == "kubernetes" else image,
+            args.n,
+            5 if args.quick else args.rounds,
+        )
         for b in args.backends.split(",")
     }
+
+    def fmt(v: float | None, spec: str, unit: str) -> str:
+        return "n/a" if v is None else f"{v:{spec}}{unit}"
+
     rows = [
         [
             b,
-            f"{r['fork_s']:.2f} s",
+            fmt(r["fork_s"], ".2f", " s"),
             f"{r['create_setup_s']:.2f} s",
-            f"{r['speedup']:.1f}x",
+            fmt(r["speedup"], ".1f", "x"),
             f"{r['pause']['p50_ms']:.1f} / {r['resume']['p50_ms']:.1f} ms",
-            f"{r['snapshot_mib']:.1f} / {r['image_mib']:.1f} MiB",
+            f"{fmt(r['snapshot_mib'], '.1f', '')} / {r['image_mib']:.1f} MiB",
         ]
         for b, r in results.items()
     ]

@@ -2,9 +2,12 @@
 
 Each backend gets its own `orchard serve` (ORCHARD_BACKEND=local|docker) and the pipeline
 of `stress.py`: N sandboxes, each created then running its four commands, `--concurrency`
-in flight. Then, with all N idle, memory is read; then every sandbox is deleted (timed one
-by one). Beside them, the engine's own floor: plain containers by `docker run -d` and
-`docker rm -f` through the Engine API, at the same concurrency.
+in flight. The workload's floor (bench/floor.py: the same commands as plain host processes,
+same N and concurrency) runs in the same invocation; the table gives each backend's end to
+end time and CPU per sandbox as ratios to it. Then, with all N idle, memory is read; then
+every sandbox is deleted (timed one by one). Beside them, the engine's own floor: plain
+containers by `docker run -d` and `docker rm -f` through the Engine API, at the same
+concurrency.
 
 Memory per idle sandbox, all-in: what the host lost per sandbox once the burst settled
 (whole host, so noisy when others share it), and the accounted part: the sandbox's
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 import cpu_split
 import docker
+import floor
 import local_leaks
 from stress import COMMANDS, settle_mib
 
@@ -89,7 +93,7 @@ def delete_local_sandboxes(state: Path) -> None:
     """Cleanup after an aborted run: a backend over the same folder removes what is left."""
     if not (state / "sandboxes").is_dir():
         return
-    from orchard.env.backends.local import LocalBackend
+    from orchard.env.backends.local.backend import LocalBackend
 
     async def go() -> int:
         backend = LocalBackend(state, common.agent_binary())
@@ -323,12 +327,33 @@ def engine_floor(image: str, n: int, conc: int) -> dict[str, Any]:
     }
 
 
+def workload_rows(results: list[dict[str, Any]], work: dict[str, Any]) -> list[list[Any]]:
+    """The issue's ratios: each backend against the same commands as plain host processes."""
+    pad = [""] * (len(results) - 1)
+    rows: list[list[Any]] = [
+        [f"workload floor: end to end (s, {work['n']} x 4 as host processes)", work["e2e_s"], *pad],
+        ["workload floor: CPU per sandbox (ms)", work["cpu_ms_per_sandbox"], *pad],
+    ]
+    for label, key in (
+        ("end to end / floor", "e2e_ratio"),
+        ("CPU per sandbox / floor", "cpu_ratio"),
+        ("overhead, % of the floor's CPU", "overhead_pct_of_floor_cpu"),
+    ):
+        rows.append([label, *(r.get(key, "") for r in results)])
+    return rows
+
+
 def main(cleanup: common.Cleanup) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--backend", choices=("both", "local", "docker"), default="both")
     ap.add_argument("--n", type=int, default=1000, help="sandboxes per backend (default 1000)")
     ap.add_argument("--concurrency", type=int, default=64, help="sandboxes in flight")
     ap.add_argument("--floor-n", type=int, default=100, help="plain containers for the floor")
+    ap.add_argument(
+        "--no-workload-floor",
+        action="store_true",
+        help="skip the four commands as plain host processes (bench/floor.py)",
+    )
     ap.add_argument("--timeout", type=float, default=600, help="bound on each run, s")
     ap.add_argument(
         "--local-runtime",
@@ -350,6 +375,9 @@ def main(cleanup: common.Cleanup) -> int:
         partial = {"concurrency": args.concurrency, "image": image, "results": results}
         common.write_json("stress_local", partial)
     fl = engine_floor(image, args.floor_n, args.concurrency) if args.floor_n else {}
+    work = {} if args.no_workload_floor else floor.measure(image, args.n, args.concurrency)
+    for r in results if work else []:
+        r.update(floor.ratios(r, work))
     rows: list[list[Any]] = []
     for label, key, unit in (
         ("success", "success_rate", "%"),
@@ -378,6 +406,8 @@ def main(cleanup: common.Cleanup) -> int:
     ):
         vals = [100 * r[key] if unit == "%" else r.get(key, "") for r in results]
         rows.append([f"{label} ({unit})" if unit else label, *vals])
+    if work:
+        rows += workload_rows(results, work)
     if fl:
         pad = [""] * (len(results) - 1)
         rows.append(
@@ -410,6 +440,7 @@ def main(cleanup: common.Cleanup) -> int:
             "image": image,
             "results": results,
             "floor": fl,
+            "workload_floor": work,
             "markdown": md,
         },
     )

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up on Debian/Ubuntu: system packages, Docker daemon, .venv.
+# chromium: the browser tests (inspect view, the dashboard) drive it through Playwright.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -7,7 +8,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 need=()
-for pkg in golang-go docker.io mmdebstrap busybox-static make iptables git ca-certificates runc crun umoci skopeo; do
+for pkg in golang-go docker.io mmdebstrap busybox-static make iptables git ca-certificates runc crun umoci skopeo dnsmasq-base chromium fonts-dejavu-core; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
@@ -36,9 +37,15 @@ if ! $SUDO docker info >/dev/null 2>&1; then
   $SUDO docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start; see /var/log/orchard-dockerd.log"; exit 1; }
 fi
 
-if [ ! -x .venv/bin/python ]; then
+# The dashboard's terminal: xterm.js from the npm registry into the package, at build time.
+[ -f src/orchard/env/server/ui/static/vendor/xterm.js ] || bash scripts/vendor_xterm.sh ||
+  echo "setup: could not vendor xterm.js from the npm registry; the dashboard has no terminal" >&2
+
+# A virtualenv counts once it has its pip: one cut short (Ctrl-C during ensurepip) is made
+# again, not used half-made.
+if [ ! -x .venv/bin/pip ]; then
   echo "setup: creating .venv"
-  python3 -m venv .venv
+  python3 -m venv --clear .venv
 fi
 # `dev` pulls in every extra: `server` (the service: FastAPI, uvicorn, aiodocker, ...), the
 # families', training, kubernetes and bench. A plain `pip install orchard` is the SDK and
@@ -52,12 +59,12 @@ fi
 
 # Harbor (the Terminal-Bench 2 runner) needs Python >= 3.12; ours is 3.11. It gets its own
 # virtualenv with Orchard in it; tests/integrations/test_harbor.py runs Harbor from there.
-if [ ! -x .venv-harbor/bin/python ]; then
+if [ ! -x .venv-harbor/bin/pip ]; then
   py312=$(ls -d "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.12*/bin/python 2>/dev/null | tail -1)
   py312=${py312:-$(command -v python3.12 || true)}
   [ -n "$py312" ] || { echo "setup: Harbor needs Python 3.12 (pyenv install 3.12)"; exit 1; }
   echo "setup: creating .venv-harbor with $py312"
-  "$py312" -m venv .venv-harbor
+  "$py312" -m venv --clear .venv-harbor
 fi
 if [ ! -f .venv-harbor/.installed ] || [ pyproject.toml -nt .venv-harbor/.installed ]; then
   echo "setup: installing harbor and orchard into .venv-harbor"
@@ -67,9 +74,9 @@ fi
 
 # E2B's SDK (tests/e2b/) needs connectrpc >= 0.12, which verifiers' pin (< 0.12) keeps out
 # of .venv: it gets its own virtualenv, and the tests run E2B scripts from there.
-if [ ! -x .venv-e2b/bin/python ]; then
+if [ ! -x .venv-e2b/bin/pip ]; then
   echo "setup: creating .venv-e2b"
-  python3 -m venv .venv-e2b
+  python3 -m venv --clear .venv-e2b
 fi
 if [ ! -f .venv-e2b/.installed ] || [ pyproject.toml -nt .venv-e2b/.installed ]; then
   echo "setup: installing the e2b SDKs into .venv-e2b"

@@ -7,20 +7,19 @@
 # 4. stop the cluster again if this script started it (ORCHARD_KEEP_CLUSTER=1 keeps it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CLUSTER="bash deploy/cluster/cluster.sh"
-started=0
-$CLUSTER status | grep -q "kube-apiserver running" || started=1
-down() {
-  if [ "$started" = 1 ] && [ -z "${ORCHARD_KEEP_CLUSTER:-}" ]; then $CLUSTER down; fi
-}
-trap down EXIT
+source scripts/cluster-session.sh
+cluster_session test-k8s
 t0=$(date +%s)
-kubeconfig="$($CLUSTER up | tail -1)"
+kubeconfig="$($CLUSTER up 9>&- | tail -1)"  # its daemons must not hold the lock
 t1=$(date +%s)
 mapfile -t images < <(bash deploy/kubernetes/images/build.sh local)
-$CLUSTER load "${images[@]}"
+$CLUSTER load "${images[@]}" 9>&-
 t2=$(date +%s)
 echo "test-k8s: cluster up in $((t1 - t0)) s, images built and loaded in $((t2 - t1)) s"
 export ORCHARD_TEST_KUBECONFIG="$kubeconfig" ORCHARD_TEST_KUBECTL="$($CLUSTER bin)/kubectl"
 export HF_HUB_OFFLINE=1
-.venv/bin/pytest -q -p no:cacheprovider -o addopts="-ra" tests/live "$@"
+# Named test files or node ids run alone; other arguments (-k, -x, ...) go with tests/live.
+targets=(tests/live)
+for arg in "$@"; do [ -e "${arg%%::*}" ] && targets=(); done
+# (9>&-: what the tests start, e.g. a restarted API server, must not hold the lock either)
+.venv/bin/pytest -q -p no:cacheprovider -o addopts="-ra" "${targets[@]}" "$@" 9>&-

@@ -395,6 +395,7 @@ async def test_numeric_signal_reaches_the_whole_group(host_agent: HostAgent) -> 
 async def test_client_for_a_backend_endpoint(host_agent: HostAgent) -> None:
     endpoint = AgentEndpoint(socket_path=str(host_agent.socket_path))
     async with TypedAgent.for_endpoint(endpoint, host_agent.token) as agent:
+        assert isinstance(agent, TypedAgent)
         assert (await agent.exec(["echo", "ok"])).stdout == "ok\n"
 
 
@@ -458,7 +459,8 @@ async def test_a_stopped_agent_fails_fast_unless_the_service_froze_it(
     host_agent: HostAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGSTOP stands in for a debugger on PID 1 (issue 31): calls fail as unresponsive in
-    about PROBE_AFTER_S + PROBE_TIMEOUT_S; while `held` (a snapshot's freeze) they wait."""
+    about PROBE_AFTER_S + PROBE_TRIES * PROBE_TIMEOUT_S; while `held` (a snapshot's freeze)
+    they wait."""
     from orchard.env.errors import SandboxUnresponsive
     from orchard.env.server import agent_client
 

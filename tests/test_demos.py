@@ -40,6 +40,9 @@ def test_demo_runs_and_succeeds(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert shows in out, out[-3000:]
+    if module == "orchard.swe.demo":  # `make demo` ends with how to open its run in the viewer
+        last = proc.stdout.strip().splitlines()[-1]
+        assert f"inspect view --log-dir {tmp_path}" in last, out[-3000:]
 
 
 @pytest.mark.parametrize("module", ["orchard.gui.demo", "orchard.claw.demo"])

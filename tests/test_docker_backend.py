@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -14,13 +13,10 @@ from typing import Any
 
 import pytest
 
-from orchard.env.backends.base import SandboxRecord, SandboxSpec
-from orchard.env.backends.docker import (
-    AGENT_PATH,
-    AGENT_PIDS_RESERVE,
-    DEFAULT_PIDS_LIMIT,
-    DockerBackend,
-)
+from orchard.env.backend_contract.host import base_spec as make_spec
+from orchard.env.backend_contract.scenarios import CAP_NET_RAW
+from orchard.env.backends.base import AGENT_PIDS_RESERVE, SandboxRecord, SandboxSpec
+from orchard.env.backends.docker.backend import AGENT_PATH, DEFAULT_PIDS_LIMIT, DockerBackend
 from orchard.env.errors import (
     Conflict,
     ImageNotFound,
@@ -36,16 +32,6 @@ from tests.docker_util import DERIVED_CHANGES, commit_image, container_of
 from tests.servers import fake_registry
 
 pytestmark = pytest.mark.anyio
-
-CAP_NET_RAW = 13
-
-
-def make_spec(image: str, **kw: Any) -> SandboxSpec:
-    kw.setdefault("id", "t" + secrets.token_hex(6))
-    kw.setdefault("owner", "alice")
-    kw.setdefault("agent_token", secrets.token_urlsafe(16))
-    kw.setdefault("expires_at", time.time() + 600)
-    return SandboxSpec(image=image, **kw)
 
 
 def docker_inspect(name: str) -> dict[str, Any]:

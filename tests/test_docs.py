@@ -4,7 +4,7 @@ package of the Go agent, and every path it names exists.
 A path is a backticked token that looks like one (`env/server/app.py`, `agent/internal/exec/`,
 `scripts/criu.sh`), read relative to `src/orchard/`, then to the repository root; a bare
 name (no folder) first relative to the folder of the path named before it on the same line
-(so "`env/backends/docker.py` (+ `docker_images.py`)" names env/backends/docker_images.py).
+(so "`env/backends/docker/backend.py` (+ `images.py`)" names env/backends/docker/images.py).
 A module is named by its path, a package (`__init__.py`) by its folder too. After a module
 moves, the failure lists what to change in the doc.
 """
@@ -99,11 +99,11 @@ def test_every_agent_package_is_named() -> None:
 
 def test_the_check_finds_gone_paths_and_reads_neighbours() -> None:
     named, missing = named_paths(
-        "runs it (agent/exec.go); `env/backends/docker.py` (+ `docker_mounts.py`, `gone.py`)\n"
+        "runs it (agent/exec.go); `env/backends/docker/backend.py` (+ `mounts.py`, `gone.py`)\n"
         "| x | `Orchard()`, `ORCHARD_*`, `/v1/usage`, `--limits`, `orchard.test=1` |\n"
     )
     assert missing == ["`gone.py` (line 1)", "`agent/exec.go` (line 1)"]
-    assert PKG / "env" / "backends" / "docker_mounts.py" in named
+    assert PKG / "env" / "backends" / "docker" / "mounts.py" in named
 
 
 def test_the_check_reads_the_doc() -> None:

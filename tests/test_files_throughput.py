@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env import _sdk_core as core
 from orchard.env.errors import OrchardError
+from orchard.env.sdk import calls, core
 
 
-def _call(data: core.FileData) -> core.Call[object]:
-    return core.write_file("sb", "/tmp/x", data, None, True)  # type: ignore[return-value]
+def _call(data: calls.FileData) -> core.Call[object]:
+    return calls.write_file("sb", "/tmp/x", data, None, True)  # type: ignore[return-value]
 
 
 def _sent(call: core.Call[object]) -> bytes:

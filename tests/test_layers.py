@@ -14,13 +14,15 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 FAMILIES = ("orchard.swe", "orchard.gui", "orchard.claw")
 # Higher imports lower, never the reverse. `orchard` (the package root) re-exports the SDK.
 RANKS = {
-    "orchard_verifiers": 6,  # the name verifiers finds the Orchard taskset by (re-exports)
-    "orchard.cli": 5,
-    "orchard.integrations": 5,  # adapters over the SDK, the families and train
-    "orchard.demo": 5,
-    **dict.fromkeys(FAMILIES, 4),
-    "orchard.train": 3,
-    "orchard.agents": 2,
+    "orchard_verifiers": 7,  # the name verifiers finds the Orchard taskset by (re-exports)
+    "orchard.cli": 6,
+    "orchard.integrations": 6,  # adapters over the SDK, the families and train
+    "orchard.demo": 6,
+    "orchard.dashboard": 6,  # the runs viewer: reads the families' run folders
+    **dict.fromkeys(FAMILIES, 5),
+    "orchard.train": 4,
+    "orchard.families": 3,  # the Family registry and batch runs
+    "orchard.llm": 2,  # LLM client, model factory, judge protocol
     "orchard.env": 1,
     "orchard": 1,
 }
@@ -117,8 +119,8 @@ def edges_where(pred: Callable[[str, str], bool]) -> list[tuple[str, str]]:
 
 
 def test_the_graph_is_read() -> None:
-    assert "orchard.cli" in modules() and "orchard.agents.family" in modules()
-    assert "orchard.agents.llm" in graph()["orchard.swe.harness"]
+    assert "orchard.cli" in modules() and "orchard.families.registry" in modules()
+    assert "orchard.llm.client" in graph()["orchard.swe.harness"]
     assert "orchard.cli._common" in graph()["orchard.cli.sandbox"]
 
 
@@ -164,3 +166,15 @@ def test_gui_claw_and_train_import_nothing_from_swe() -> None:
 def test_no_library_module_imports_the_cli() -> None:
     bad = edges_where(lambda a, b: b == "orchard.cli" and a != "orchard.cli")
     assert not bad, _violations("a library module imports the CLI", bad)
+
+
+def test_only_tests_import_the_backend_contract() -> None:
+    # It drives backends, the agent client, the service and the SDK, so it sits above all of
+    # env; it is there for tests and out-of-tree backends, never for the library itself.
+    def inside(name: str) -> bool:
+        return name == "orchard.env.backend_contract" or name.startswith(
+            "orchard.env.backend_contract."
+        )
+
+    bad = [(a, b) for a, targets in graph().items() for b in targets if inside(b) and not inside(a)]
+    assert not bad, _violations("a library module imports the backend contract", bad)

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchard.env.backends import criu
+from orchard.env.backends.local import criu
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import MemoryNotSupported, MemorySnapshotFailed
 from orchard.env.sdk import Orchard, Sandbox

@@ -21,16 +21,16 @@ from typing import Any
 import pytest
 
 from orchard.env.backends.base import SandboxSpec
-from orchard.env.backends.docker import DockerBackend
-from orchard.env.errors import InvalidRequest, Unavailable
-from orchard.env.models import NetworkPolicy
-from orchard.env.network import (
+from orchard.env.backends.docker.backend import DockerBackend
+from orchard.env.backends.network import (
     METADATA_CIDRS,
     ResolvedAllow,
     chain_name,
     resolve_allow,
     sandbox_rules,
 )
+from orchard.env.errors import InvalidRequest, Unavailable
+from orchard.env.models import NetworkPolicy
 from tests.agent_routes import TypedAgent
 from tests.backends.backend_harness import TEST_LABELS, owned
 from tests.docker_util import container_of
@@ -192,6 +192,11 @@ async def test_allow_list(backend: DockerBackend, boxes: Any, targets: Targets) 
     assert rules[-1].endswith("-j DROP")
 
 
+async def _both(box: Any, targets: Targets) -> list[str | None]:
+    """What the box fetches from target a and from target b, side by side."""
+    return list(await asyncio.gather(box.fetch(targets.a), box.fetch(targets.b)))
+
+
 async def test_switch_policy_at_run_time(
     backend: DockerBackend, boxes: Any, targets: Targets
 ) -> None:
@@ -199,10 +204,10 @@ async def test_switch_policy_at_run_time(
     assert await box.fetch(targets.a) is None
 
     await backend.set_network(box.id, NetworkPolicy(egress="allow", allow=[targets.a]))
-    assert await asyncio.gather(box.fetch(targets.a), box.fetch(targets.b)) == ["target-a", None]
+    assert await _both(box, targets) == ["target-a", None]
 
     await backend.set_network(box.id, NetworkPolicy(egress="allow", allow=[f"{targets.b}/32"]))
-    assert await asyncio.gather(box.fetch(targets.a), box.fetch(targets.b)) == [None, "target-b"]
+    assert await _both(box, targets) == [None, "target-b"]
 
     await backend.set_network(box.id, NetworkPolicy(egress="none"))
     assert await box.fetch(targets.b) is None

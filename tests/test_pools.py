@@ -23,7 +23,7 @@ import pytest
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import ImageRefused, NotFound, NotSupported, PoolMismatch, QuotaExceeded
 from orchard.env.limits import Limits
-from orchard.env.pool_models import PoolCreate
+from orchard.env.models.pool import PoolCreate
 from orchard.env.sdk import Orchard
 from orchard.env.server import EmbeddedService
 from orchard.env.server.pools import PoolManager
@@ -169,7 +169,7 @@ def test_empty_pool_falls_back_and_a_mismatch_is_refused(
             assert sb.info.resources.cpu == 0.5 and sb.info.labels == {"x": "y"}
         for asked in ({"image": "other:1"}, {"cpu": 2.0}, {"cmd": ["sleep", "1"]}):
             with pytest.raises(PoolMismatch) as err:
-                c.sandboxes.create(pool="empty", **asked)  # type: ignore[arg-type]
+                c.sandboxes.create(pool="empty", **asked)
             assert err.value.status == 409 and err.value.code == "pool_mismatch"
         with pytest.raises(NotFound):
             c.sandboxes.create(busybox_image, pool="nope")
@@ -312,15 +312,16 @@ def test_cli_pool_create_ls_inspect_rm(service: EmbeddedService, busybox_image: 
 
 
 def test_pools_answer_501_on_a_backend_that_cannot_claim(tmp_path: Path) -> None:
-    """kubernetes keeps owner and labels in pod labels and has no claim (docs/pools.md)."""
+    """A backend with neither a claim nor shared pools (kubernetes has the latter: its
+    pools are tested in tests/live/test_k8s_pools*.py)."""
     svc: Any = SimpleNamespace(
         config=ServiceConfig(state_dir=tmp_path, secret=b"x"),
-        backend=SimpleNamespace(name="kubernetes"),
+        backend=SimpleNamespace(name="nopools"),
     )
     body = PoolCreate(name="p", image="busybox", size=1)
     with pytest.raises(NotSupported) as err:
         asyncio.run(PoolManager(svc).create("alice", body))
-    assert err.value.status == 501 and "kubernetes" in str(err.value)
+    assert err.value.status == 501 and "nopools" in str(err.value)
 
 
 def test_async_sdk_has_the_same_names(service: EmbeddedService, busybox_image: str) -> None:

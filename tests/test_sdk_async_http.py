@@ -25,12 +25,11 @@ import httpx
 import pytest
 
 from orchard import AsyncOrchard, Orchard
-from orchard.env import _sdk_core as core
-from orchard.env._sdk_base import aiter_body, build_request, send_async
-from orchard.env._sdk_core import RetryPolicy
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import Unavailable
 from orchard.env.http11 import AsyncLeanTransport, async_transport_for
+from orchard.env.sdk import RetryPolicy, calls, core
+from orchard.env.sdk.send import aiter_body, build_request, send_async
 from orchard.env.server import create_app
 from tests.servers import serve_uvicorn
 from tests.test_sdk_http import OK, ScriptedPeer, call, make_app
@@ -108,7 +107,7 @@ async def pool(target: core.Target, size: int = 100) -> AsyncIterator[ALean]:
 
 
 async def run(lean: ALean, sid: str, cmd: str, timeout: httpx.Timeout = TIMEOUT) -> str:
-    exe = core.exec_call(sid, cmd, {})  # no read timeout: an exec may run for hours
+    exe = calls.exec_call(sid, cmd, {})  # no read timeout: an exec may run for hours
     c = core.Call(exe.method, exe.path, exe.parse, json=exe.json)  # the client's read timeout
     return c.parse(await lean.request(c, timeout)).stdout
 
@@ -122,7 +121,7 @@ async def test_keep_alive_reuse_and_idle_close(
             assert await run(lean, sandbox_id, f"echo {i}") == f"{i}\n"
         assert lean.opened == 1  # one connection, kept alive
         await asyncio.sleep(1.5)  # the server closes it while it idles in the pool
-        health = core.health()
+        health = calls.health()
         assert health.parse(await lean.request(health, TIMEOUT)).status == "ok"
         assert lean.opened == 2  # its close was noticed and a new one opened, no error
 
@@ -181,10 +180,10 @@ async def test_a_stream_abandoned_midway_releases_its_connection(
     kind: str, targets: dict[str, core.Target], sandbox_id: str
 ) -> None:
     async with pool(targets[kind], size=1) as lean:
-        loud = core.exec_stream(sandbox_id, "while true; do echo x; sleep 0.05; done", {})
+        loud = calls.exec_stream(sandbox_id, "while true; do echo x; sleep 0.05; done", {})
         response = await lean.request(loud, TIMEOUT, stream=True)
         lines = response.aiter_lines()
-        assert core.parse_event(await anext(lines)) is not None
+        assert calls.parse_event(await anext(lines)) is not None
         await response.aclose()  # a pool of one: the next call would wait on a leaked slot
         short = httpx.Timeout(10.0, pool=2.0)
         assert await run(lean, sandbox_id, "echo next", short) == "next\n"
@@ -202,7 +201,7 @@ async def test_a_stream_abandoned_midway_releases_its_connection(
             await task
         assert await run(lean, sandbox_id, "echo again", short) == "again\n"
 
-        whole = core.exec_stream(sandbox_id, "echo one; echo two", {})
+        whole = calls.exec_stream(sandbox_id, "echo one; echo two", {})
         response = await lean.request(whole, TIMEOUT, stream=True)
         events = [e async for e in _events(response)]
         assert "".join(e.data or "" for e in events if e.type == "stdout") == "one\ntwo\n"
@@ -215,7 +214,7 @@ async def test_a_stream_abandoned_midway_releases_its_connection(
 async def _events(response: httpx.Response) -> AsyncIterator[Any]:
     try:
         async for line in response.aiter_lines():
-            if (event := core.parse_event(line)) is not None:
+            if (event := calls.parse_event(line)) is not None:
                 yield event
     finally:
         await response.aclose()
@@ -234,7 +233,7 @@ async def test_fifty_tasks_share_a_pool_of_four(
 async def test_uploads_sized_and_chunked(targets: dict[str, core.Target], sandbox_id: str) -> None:
     async with pool(targets["uds"], size=1) as lean:
         data = bytes(range(256)) * 5000  # 1.28 MB
-        sized = core.write_file(sandbox_id, "/tmp/sized", data, None, True)
+        sized = calls.write_file(sandbox_id, "/tmp/sized", data, None, True)
         assert sized.parse(await lean.request(sized, TIMEOUT)).size == len(data)
         chunks = [data[i : i + 70_000] for i in range(0, len(data), 70_000)]
         streamed = core.Call(
@@ -254,7 +253,7 @@ async def test_uploads_sized_and_chunked(targets: dict[str, core.Target], sandbo
         assert sent.headers["content-length"] == str(len(data))
         assert "transfer-encoding" not in sent.headers
         assert known.parse(await lean.request(known, TIMEOUT)).size == len(data)
-        read = core.read_file(sandbox_id, "/tmp/sized", None, None)
+        read = calls.read_file(sandbox_id, "/tmp/sized", None, None)
         assert read.parse(await lean.request(read, TIMEOUT)) == data
         assert lean.opened == 1
 

@@ -11,14 +11,13 @@ import random
 import socket
 import tarfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from orchard import AsyncOrchard, Orchard
-from orchard.env import _sdk_core as core
 from orchard.env.errors import (
     AgentUnavailable,
     InvalidRequest,
@@ -27,6 +26,8 @@ from orchard.env.errors import (
     SandboxExited,
     Unavailable,
 )
+from orchard.env.sdk import calls, core
+from orchard.env.sdk import tar as tars
 
 # ---------------------------------------------------------------- where to connect
 
@@ -83,13 +84,16 @@ def test_retry_decisions() -> None:
     assert p.should_retry_status(503, idempotent=True, attempt=1)
     assert not p.should_retry_status(503, idempotent=False, attempt=1)
     assert not p.should_retry_status(404, idempotent=True, attempt=1)
+    # The server says it took no effect (a stopping replica): a create may go again.
+    assert p.should_retry_status(503, idempotent=False, attempt=1, not_applied=True)
+    assert not p.should_retry_status(503, idempotent=False, attempt=3, not_applied=True)
 
 
 # ---------------------------------------------------------------- call building
 
 
 def test_exec_call_timeout_and_stdin() -> None:
-    call = core.exec_call("sb-1", "cat", {"stdin": b"\x00\xff", "timeout_s": 5})
+    call = calls.exec_call("sb-1", "cat", {"stdin": b"\x00\xff", "timeout_s": 5})
     assert (call.method, call.path, call.idempotent) == ("POST", "/v1/sandboxes/sb-1/exec", False)
     assert call.json == {
         "cmd": "cat",
@@ -97,60 +101,64 @@ def test_exec_call_timeout_and_stdin() -> None:
         "timeout_s": 5,
     }
     assert call.read_timeout == 5 + core.TIMEOUT_MARGIN_S
-    assert core.exec_call("sb-1", ["true"], {}).read_timeout is None  # no server timeout
+    assert calls.exec_call("sb-1", ["true"], {}).read_timeout is None  # no server timeout
 
 
 def test_bad_arguments_fail_before_any_request() -> None:
     with pytest.raises(InvalidRequest):
-        core.exec_call("sb", [], {})
+        calls.exec_call("sb", [], {})
     with pytest.raises(InvalidRequest):
-        core.create_sandbox("img", {"cpu": -1})
+        calls.create_sandbox("img", {"cpu": -1})
     with pytest.raises(InvalidRequest):
-        core.set_network("sb", "none", ["10.0.0.0/8"])
+        calls.set_network("sb", "none", ["10.0.0.0/8"])
 
 
 def test_create_sends_only_what_was_given() -> None:
-    call = core.create_sandbox("busybox", {"labels": {"a": "b"}, "network": {"egress": "all"}})
+    call = calls.create_sandbox("busybox", {"labels": {"a": "b"}, "network": {"egress": "all"}})
     assert call.json == {"image": "busybox", "labels": {"a": "b"}, "network": {"egress": "all"}}
-    batch = core.create_batch("busybox", 3, {})
+    batch = calls.create_batch("busybox", 3, {})
     assert batch.json == {"image": "busybox", "count": 3}
     assert not call.idempotent and not batch.idempotent
 
 
 def test_ids_and_labels_are_quoted() -> None:
-    assert core.get_process("a/b", "p 1").path == "/v1/sandboxes/a%2Fb/processes/p%201"
-    assert core.list_sandboxes({"k": "v=w"}).params == [("label", "k=v=w")]
+    assert calls.get_process("a/b", "p 1").path == "/v1/sandboxes/a%2Fb/processes/p%201"
+    assert calls.list_sandboxes({"k": "v=w"}).params == [("label", "k=v=w")]
 
 
 def test_file_writes_retry_only_when_replayable() -> None:
-    assert core.write_file("s", "/f", b"x", None, True).idempotent
-    assert not core.write_file("s", "/f", b"x", None, False).idempotent  # 409 on replay
+    assert calls.write_file("s", "/f", b"x", None, True).idempotent
+    assert not calls.write_file("s", "/f", b"x", None, False).idempotent  # 409 on replay
     r, w = os.pipe()
     with os.fdopen(w, "wb") as wf:
         wf.write(b"abc")
     with os.fdopen(r, "rb") as pipe:
-        call = core.write_file("s", "/f", pipe, 0o640, True)
+        call = calls.write_file("s", "/f", pipe, 0o640, True)
         assert not call.idempotent  # a pipe cannot be read twice
         assert ("mode", "0640") in call.params
         assert call.body is not None
-        assert b"".join(call.body()) == b"abc"
+        assert _bytes(call.body()) == b"abc"
+
+
+def _bytes(body: bytes | Iterable[bytes]) -> bytes:
+    return body if isinstance(body, bytes) else b"".join(body)
 
 
 def test_seekable_file_body_replays_from_its_start() -> None:
     f = io.BytesIO(b"0123456789")
     f.seek(2)
-    call = core.write_file("s", "/f", f, None, True)
+    call = calls.write_file("s", "/f", f, None, True)
     assert call.idempotent and call.body is not None
-    assert b"".join(call.body()) == b"23456789"
-    assert b"".join(call.body()) == b"23456789"
+    assert _bytes(call.body()) == b"23456789"
+    assert _bytes(call.body()) == b"23456789"
 
 
 def test_stream_error_lines_raise_typed_errors() -> None:
-    assert core.parse_event(b"") is None
-    event = core.parse_event(b'{"type": "stdout", "data": "hi", "offset": 0}')
+    assert calls.parse_event(b"") is None
+    event = calls.parse_event(b'{"type": "stdout", "data": "hi", "offset": 0}')
     assert event is not None and event.data == "hi"
     with pytest.raises(OrchardError) as info:
-        core.parse_event(b'{"type": "error", "code": "exec_failed", "message": "no such file"}')
+        calls.parse_event(b'{"type": "error", "code": "exec_failed", "message": "no such file"}')
     assert info.value.code == "exec_failed"
 
 
@@ -178,7 +186,7 @@ def _tree(root: Path) -> None:
     (root / "sub" / "deep").mkdir(parents=True)
     (root / "empty").mkdir()
     (root / "a.txt").write_text("alpha\n")
-    (root / "sub" / "b.bin").write_bytes(os.urandom(3 * core.CHUNK + 17))
+    (root / "sub" / "b.bin").write_bytes(os.urandom(3 * tars.CHUNK + 17))
     (root / "sub" / "deep" / "c").write_bytes(b"")
     (root / "run.sh").write_text("#!/bin/sh\n")
     (root / "run.sh").chmod(0o755)
@@ -204,8 +212,8 @@ def test_tar_stream_round_trip(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     src.mkdir()
     _tree(src)
-    stream = core.IterReader(core.iter_tar(src))
-    result = core.extract_tar(io.BufferedReader(stream), dst)
+    stream = tars.IterReader(tars.iter_tar(src))
+    result = tars.extract_tar(io.BufferedReader(stream), dst)
     assert _snapshot(dst) == _snapshot(src)
     entries = [p for p in src.rglob("*") if p.is_symlink() or not p.is_dir()]
     assert result.files == len(entries)  # symlinks count, as the agent counts them
@@ -213,14 +221,14 @@ def test_tar_stream_round_trip(tmp_path: Path) -> None:
 
 
 def test_tar_stream_is_chunked(tmp_path: Path) -> None:
-    (tmp_path / "big").write_bytes(b"x" * (4 * core.CHUNK))
-    assert max(len(c) for c in core.iter_tar(tmp_path)) <= core.CHUNK  # never the whole file
+    (tmp_path / "big").write_bytes(b"x" * (4 * tars.CHUNK))
+    assert max(len(c) for c in tars.iter_tar(tmp_path)) <= tars.CHUNK  # never the whole file
 
 
 def test_tar_stream_skips_special_files(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "f").write_text("f")
-    with tarfile.open(fileobj=io.BytesIO(b"".join(core.iter_tar(tmp_path)))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(b"".join(tars.iter_tar(tmp_path)))) as tar:
         assert tar.getnames() == ["f"]
 
 
@@ -244,13 +252,13 @@ def _evil_tar(name: str, *, link: str | None = None) -> io.BytesIO:
 def test_extract_refuses_entries_outside_dest(tmp_path: Path, name: str, link: str | None) -> None:
     dest = tmp_path / "dest"
     with pytest.raises(OrchardError, match="unsafe"):
-        core.extract_tar(_evil_tar(name, link=link), dest)
+        tars.extract_tar(_evil_tar(name, link=link), dest)
     assert not (tmp_path / "escape").exists()
 
 
 def test_coalesce_joins_small_chunks() -> None:
     chunks = [b"a"] * 10 + [b"b" * 100]
-    joined = list(core.coalesce(chunks, min_size=8))
+    joined = list(tars.coalesce(chunks, min_size=8))
     assert b"".join(joined) == b"".join(chunks)
     assert [len(c) for c in joined] == [8, 102]
 
@@ -313,7 +321,7 @@ async def _health(kind: str, url: str) -> None:
 
 async def _post(kind: str, url: str) -> None:
     """A non-idempotent POST (exec) to a route the scripted server answers."""
-    call = core.exec_call("sb", "true", {})
+    call = calls.exec_call("sb", "true", {})
     if kind == "sync":
         with Orchard(url, retry=FAST) as client:
             client._send(call)
@@ -366,7 +374,7 @@ async def test_refused_connection_is_typed(kind: str) -> None:
 
 
 def test_port_url_carries_the_key_only_when_asked() -> None:
-    from orchard.env._sdk_base import port_url as _port_url
+    from orchard.env.sdk.send import port_url as _port_url
 
     target = core.Target("https://h", api_key="k")
     assert (

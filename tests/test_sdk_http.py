@@ -8,12 +8,14 @@ The SDK end to end over this transport is tests/test_sdk.py.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -24,12 +26,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from orchard.env import _sdk_core as core
-from orchard.env._sdk_base import build_request, send
-from orchard.env.errors import Unavailable
+from orchard.env.errors import OrchardError, ServiceStopping, Unavailable
 from orchard.env.http11 import ClientTransport, LeanTransport, transport_for
-from orchard.env.sdk import Orchard
+from orchard.env.models import pool as pm
+from orchard.env.sdk import AsyncOrchard, Orchard, RetryPolicy, calls, core
+from orchard.env.sdk.send import build_request, send
+from orchard.env.server.errors import install_error_handlers
+from orchard.env.server.metrics import Metrics
 from tests.servers import serve_uvicorn
+from tests.test_sdk_transport import SANDBOX
 
 TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 
@@ -280,7 +285,7 @@ def test_only_plain_targets_get_the_lean_transport(monkeypatch: pytest.MonkeyPat
     plain = core.Target("http://127.0.0.1:8080/prefix")
     lean = transport_for(plain.base_url)
     assert isinstance(lean, LeanTransport) and lean.pool.port == 8080
-    url = build_request(plain, core.health(), TIMEOUT).url
+    url = build_request(plain, calls.health(), TIMEOUT).url
     assert url.raw_path == b"/prefix/healthz"
     monkeypatch.setenv("HTTP_PROXY", "http://proxy:3128")
     assert isinstance(transport_for(plain.base_url), ClientTransport)  # httpx honours proxies
@@ -309,3 +314,110 @@ def test_tcp_target(tmp_state_dir: Path) -> None:
     finally:
         server.should_exit = True
         thread.join(timeout=20)
+
+
+def _pool_app(ready: int) -> Starlette:
+    pool = pm.Pool(
+        name="warm",
+        size=2,
+        ready=ready,
+        creating=0,
+        failed=0,
+        claimed=0,
+        created_at=datetime.now(UTC),
+        settings=pm.PoolSettings(image="busybox"),
+    )
+
+    async def get(request: Request) -> Response:
+        return Response(pool.model_dump_json(), media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/pools/warm", get)])
+
+
+def test_a_pool_wait_rides_out_a_service_that_is_away(tmp_state_dir: Path) -> None:
+    """A replica restarting under the wait (nothing listens for a while): the wait polls on
+    to its deadline instead of failing at the first refused connection; async the same."""
+    sock = tmp_state_dir / "later.sock"
+
+    def serve_later() -> None:
+        time.sleep(3.0)  # longer than the SDK's own retries of a refused connection
+        with uvicorn_on(sock, _pool_app(ready=2)):
+            done.wait(30)
+
+    done = threading.Event()
+    thread = threading.Thread(target=serve_later)
+    thread.start()
+    try:
+        with Orchard(base_url=f"unix://{sock}", api_key="k") as client:
+            assert client.pools.wait_ready("warm", timeout_s=30).ready == 2
+
+        async def wait_async() -> int:
+            async with AsyncOrchard(base_url=f"unix://{sock}", api_key="k") as aclient:
+                return (await aclient.pools.wait_ready("warm", timeout_s=30)).ready
+
+        assert asyncio.run(wait_async()) == 2
+    finally:
+        done.set()
+        thread.join(timeout=30)
+    # Nobody there at all: Unavailable, once the wait is over (not at the first refusal).
+    t = time.monotonic()
+    with pytest.raises(Unavailable), Orchard(base_url=f"unix://{sock}", api_key="k") as c:
+        c.pools.wait_ready("warm", timeout_s=1.0)
+    assert time.monotonic() - t >= 1.0
+
+
+def _stopping_app(seen: list[object], answers: list[OrchardError]) -> Starlette:
+    """POST /v1/sandboxes answers each of `answers` in turn (through the service's own
+    error handlers), then creates; `seen` gets each request's client address (its
+    connection)."""
+
+    async def create(request: Request) -> Response:
+        seen.append(request.client)
+        if answers:
+            raise answers.pop(0)
+        return JSONResponse(SANDBOX, status_code=201)
+
+    app = Starlette(routes=[Route("/v1/sandboxes", create, methods=["POST"])])
+    install_error_handlers(app, Metrics())  # type: ignore[arg-type]
+    return app
+
+
+def test_a_create_a_stopping_replica_undid_is_sent_again() -> None:
+    """A rolling update: the replica that took the create is stopping and undid it
+    (`Orchard-Not-Applied: 1`), so the SDK sends it again, on a new connection (the
+    answer closed its own, so a Service's proxy may pick a replica that stays); a plain 503
+    to a create (it may have taken effect) is never re-sent. Sync and async the same."""
+    seen: list[object] = []
+    answers: list[OrchardError] = []
+    fast = RetryPolicy(base_s=0.01)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    with serve_uvicorn(_stopping_app(seen, answers), sockets=[listener]):
+        with Orchard(base_url=url, api_key="k", retry=fast) as client:
+            answers[:] = [ServiceStopping("the service is stopping: the create was undone")] * 2
+            assert client.sandboxes.create("busybox").id == "sb-1"
+            assert len(seen) == len(set(seen)) == 3  # each try on a connection of its own
+            seen.clear()
+            answers[:] = [Unavailable("the backend did not answer")]
+            with pytest.raises(Unavailable, match="did not answer"):
+                client.sandboxes.create("busybox")
+            assert len(seen) == 1
+
+        async def create_async() -> str:
+            async with AsyncOrchard(base_url=url, api_key="k", retry=fast) as c:
+                return (await c.sandboxes.create("busybox")).id
+
+        seen.clear()
+        answers[:] = [ServiceStopping("the service is stopping")]
+        assert asyncio.run(create_async()) == "sb-1"
+        assert len(seen) == len(set(seen)) == 2
+        # Bounded like any retry: a replica that keeps stopping ends in the typed error.
+        seen.clear()
+        answers[:] = [ServiceStopping("the service is stopping")] * 9
+        with (
+            pytest.raises(ServiceStopping),
+            Orchard(base_url=url, api_key="k", retry=fast) as client,
+        ):
+            client.sandboxes.create("busybox")
+        assert len(seen) == fast.attempts

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env import _sdk_tar as tars
 from orchard.env.errors import OrchardError
+from orchard.env.sdk import tar as tars
 
 
 def _tar(entries: list[tuple[str, bytes | None, int, str | None]]) -> bytes:

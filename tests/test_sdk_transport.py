@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from orchard import AsyncOrchard, Orchard
-from orchard.env._sdk_core import RetryPolicy
 from orchard.env.errors import NotFound
 from orchard.env.http11 import IDEMPOTENT_EXTENSION
+from orchard.env.sdk import RetryPolicy
 
 SANDBOX = {
     "id": "sb-1",

@@ -20,7 +20,7 @@ from websockets.sync.client import unix_connect
 
 from orchard.env.config import ConfigError, ServiceConfig, parse_api_keys
 from orchard.env.server import EmbeddedService
-from orchard.env.server.service import parse_memory
+from orchard.env.server.sizing import parse_memory
 
 KEY_A, KEY_B = "key-alice-0123456789", "key-bob-0123456789"
 KEY_OPS = "key-ops-0123456789"  # an operator's: /metrics and /healthz of the whole service

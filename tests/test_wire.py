@@ -11,9 +11,9 @@ import json
 import typing
 from pathlib import Path
 
-from orchard.env import _sdk_core as core
 from orchard.env import models as m
 from orchard.env import wire
+from orchard.env.sdk import calls
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,11 +35,11 @@ def test_schema_file_format() -> None:
 
 def test_sdk_exec_options_are_exec_request_fields() -> None:
     """The SDK's keyword arguments map onto the model's fields (bytes stdin -> stdin_b64)."""
-    pairs = ((core.ExecOptions, m.ExecRequest), (core.ProcessOptions, m.ProcessStart))
+    pairs = ((calls.ExecOptions, m.ExecRequest), (calls.ProcessOptions, m.ProcessStart))
     for options, model in pairs:
         keys = set(typing.get_type_hints(options))
         assert keys <= set(model.model_fields), keys - set(model.model_fields)
-    body = core.exec_call("sb-1", "cat", {"stdin": b"\x00"}).json
+    body = calls.exec_call("sb-1", "cat", {"stdin": b"\x00"}).json
     assert body == {"cmd": "cat", "stdin_b64": "AA=="}
 
 

@@ -17,13 +17,18 @@
 # The node is this machine: etcd, kube-apiserver (TLS, RBAC, NodeRestriction, Pod Security
 # admission), kube-controller-manager, kube-scheduler, a kubelet on its own containerd (runc,
 # the CNI bridge plugin), kube-proxy (iptables) and kube-router as the NetworkPolicy firewall.
+# Add-ons, as a distribution ships them: rancher's local-path-provisioner (the default
+# StorageClass `local-path`: a folder on the node per PersistentVolumeClaim), and containerd
+# set to pull the in-cluster registry's name over plain HTTP (Orchard's snapshots).
 # Needs root, cgroup v1 or v2, and Debian's containerd, runc, containernetworking-plugins,
-# iptables, ipset, conntrack and openssl (`cluster.sh up` installs what is missing).
+# iptables, ipset, conntrack, openssl and busybox-static (`cluster.sh up` installs what is
+# missing).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 
 K8S_VERSION=1.34.4
 KUBE_ROUTER_VERSION=2.1.0
+LOCAL_PATH_VERSION=0.0.30
 CACHE="${ORCHARD_CLUSTER_CACHE:-/var/cache/orchard/cluster}"
 STATE="${ORCHARD_CLUSTER_STATE:-/var/lib/orchard-cluster}"
 RUN=/run/orchard-cluster
@@ -33,11 +38,20 @@ SVC_CIDR=10.96.0.0/16
 API_SVC_IP=10.96.0.1
 BRIDGE=orchk8s0
 PAUSE_IMAGE=orchard.local/pause:1
+PROVISIONER_IMAGE=orchard.local/local-path-provisioner:v$LOCAL_PATH_VERSION
+HELPER_IMAGE=orchard.local/busybox:1
+# Orchard's in-cluster registry (deploy/kubernetes/base/registry.yaml): image names say
+# REGISTRY_NAME, which no resolver knows; containerd maps it to the registry Service's
+# ClusterIP (fixed by overlays/local, in the Service range's static band), reached from the
+# node through kube-proxy, over plain HTTP.
+REGISTRY_NAME=orchard-registry.orchard-system.svc:5000
+REGISTRY_IP=10.96.0.50
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy kube-router)
 
 build_key() { cat "$HERE/build/go.mod" "$HERE/build/go.sum" "$HERE/build/pause/main.go" | sha256sum | cut -c1-12; }
 BIN="$CACHE/k8s-v$K8S_VERSION-$(build_key)"
 KR_BIN="$CACHE/kube-router-v$KUBE_ROUTER_VERSION"
+LP_BIN="$CACHE/local-path-provisioner-v$LOCAL_PATH_VERSION"
 PKI="$STATE/pki"
 KCFG="$STATE/kubeconfig"
 LOGS="$STATE/logs"
@@ -82,12 +96,21 @@ build_kube_router() {
   rm -rf "$KR_BIN" && mv "$KR_BIN.tmp" "$KR_BIN"
 }
 
+build_local_path() {
+  log "building local-path-provisioner v$LOCAL_PATH_VERSION into $LP_BIN (once)"
+  rm -rf "$LP_BIN.tmp" && mkdir -p "$LP_BIN.tmp"
+  (cd /tmp && GOBIN="$LP_BIN.tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
+    "github.com/rancher/local-path-provisioner@v$LOCAL_PATH_VERSION")
+  rm -rf "$LP_BIN" && mv "$LP_BIN.tmp" "$LP_BIN"
+}
+
 cmd_build() {
   command -v go >/dev/null || die "go is not installed"
   local jobs=() j failed=0
-  # Both at once: the two module graphs share little, and the machine's memory allows it.
+  # All at once: the module graphs share little, and the machine's memory allows it.
   [ -x "$BIN/kubelet" ] || { build_kubernetes & jobs+=($!); }
   [ -x "$KR_BIN/kube-router" ] || { build_kube_router & jobs+=($!); }
+  [ -x "$LP_BIN/local-path-provisioner" ] || { build_local_path & jobs+=($!); }
   for j in "${jobs[@]}"; do wait "$j" || failed=1; done
   [ "$failed" = 0 ] || die "the build failed (see above)"
   log "binaries: $BIN ($("$BIN/kubectl" version --client 2>/dev/null | head -1))"
@@ -96,7 +119,7 @@ cmd_build() {
 # --- packages ------------------------------------------------------------------------------
 ensure_packages() {
   local need=() p
-  for p in containerd runc containernetworking-plugins iptables ipset conntrack openssl iproute2 curl; do
+  for p in containerd runc containernetworking-plugins iptables ipset conntrack openssl iproute2 curl busybox-static; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then
@@ -205,7 +228,7 @@ kctl() { "$BIN/kubectl" --kubeconfig "$KCFG/admin.kubeconfig" "$@"; }
 
 write_configs() {
   local node="$1" ip="$2"
-  mkdir -p "$STATE/containerd" "$STATE/cni/net.d" "$STATE/cni/ipam" "$STATE/kubelet" "$RUN"
+  mkdir -p "$STATE/containerd/certs.d/$REGISTRY_NAME" "$STATE/cni/net.d" "$STATE/cni/ipam" "$STATE/kubelet" "$RUN"
   put "$STATE/containerd/config.toml" <<EOF
 version = 2
 root = "$STATE/containerd/root"
@@ -232,6 +255,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$STATE/cni/net.d"
+  # One folder per registry name, each with a hosts.toml (read on every pull).
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$STATE/containerd/certs.d"
+EOF
+  put "$STATE/containerd/certs.d/$REGISTRY_NAME/hosts.toml" <<EOF
+# Orchard's in-cluster registry: its Service's ClusterIP, plain HTTP (cluster-internal).
+server = "http://$REGISTRY_IP:5000"
+[host."http://$REGISTRY_IP:5000"]
+  capabilities = ["pull", "resolve"]
 EOF
   put "$STATE/cni/net.d/10-orchard.conflist" <<EOF
 {
@@ -387,6 +419,35 @@ pause_image() {
   rm -rf "$tmp"
 }
 
+# The provisioner (FROM scratch + its static binary) and its helper pods' image (the host's
+# static busybox and its applets: the helpers run `sh`, `mkdir` and `rm`).
+storage_images() {
+  local tmp a
+  if ! docker image inspect "$PROVISIONER_IMAGE" >/dev/null 2>&1; then
+    tmp="$(mktemp -d)"
+    cp "$LP_BIN/local-path-provisioner" "$tmp/"
+    tar -C "$tmp" --owner=0 --group=0 -c local-path-provisioner |
+      docker import -c 'ENTRYPOINT ["/local-path-provisioner"]' - "$PROVISIONER_IMAGE" >/dev/null
+    rm -rf "$tmp"
+  fi
+  if ! docker image inspect "$HELPER_IMAGE" >/dev/null 2>&1; then
+    tmp="$(mktemp -d)"
+    mkdir -p "$tmp/bin"
+    cp /bin/busybox "$tmp/bin/busybox"
+    for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$tmp/bin/$a"; done
+    tar -C "$tmp" --owner=0 --group=0 -c bin |
+      docker import -c 'ENV PATH=/bin' -c 'ENTRYPOINT ["/bin/sh"]' - "$HELPER_IMAGE" >/dev/null
+    rm -rf "$tmp"
+  fi
+}
+
+deploy_local_path() {
+  mkdir -p "$STATE/local-path"
+  sed -e "s|@STATE@|$STATE|g" -e "s|@PROVISIONER_IMAGE@|$PROVISIONER_IMAGE|g" \
+    -e "s|@HELPER_IMAGE@|$HELPER_IMAGE|g" "$HERE/local-path.yaml" |
+    kctl apply --server-side --force-conflicts -f - >/dev/null
+}
+
 cmd_up() {
   [ "$(id -u)" = 0 ] || die "run as root (the kubelet manages cgroups, mounts and the network)"
   ensure_packages
@@ -401,8 +462,10 @@ cmd_up() {
   local c
   for c in "${COMPONENTS[@]}"; do start_component "$node" "$ip" "$c"; done
   pause_image
-  import_images "$PAUSE_IMAGE"
+  storage_images
+  import_images "$PAUSE_IMAGE" "$PROVISIONER_IMAGE" "$HELPER_IMAGE"
   kctl apply --server-side --force-conflicts -f "$HERE/rbac.yaml" >/dev/null
+  deploy_local_path
   wait_for "node $node" 120 kctl wait --for=condition=Ready "node/$node" --timeout=2s
   wait_for "the default service account" 60 kctl -n default get serviceaccount default
   log "up: node $node ($ip), Kubernetes v$K8S_VERSION; logs in $LOGS"

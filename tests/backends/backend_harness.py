@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orchard.env.backends.docker import DockerBackend
-from orchard.env.backends.local import CGROUP_PARENT, LocalBackend
-from orchard.env.backends.local_net import NETNS_DIR, netns_name, veth_names
-from orchard.env.network import EgressFirewall
+from orchard.env.backends.docker.backend import DockerBackend
+from orchard.env.backends.local.backend import CGROUP_PARENT, LocalBackend
+from orchard.env.backends.local.net import NETNS_DIR, netns_name, veth_names
+from orchard.env.backends.network import EgressFirewall
 from tests.docker_util import container_of
 
 TEST_LABELS = {"orchard.test": "1"}
@@ -25,7 +25,7 @@ BACKENDS = (("docker", "auto"), ("local", "crun"), ("local", "runc"))
 BACKEND_IDS = ("docker", "local", "local-runc")
 
 AnyBackend = DockerBackend | LocalBackend
-B = TypeVar("B", DockerBackend, LocalBackend)
+B = TypeVar("B", bound=DockerBackend | LocalBackend)
 
 
 def zombie_children() -> list[int]:

@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import subprocess
+import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,19 @@ def derived_image(busybox_image: str) -> str:
     return commit_image(busybox_image, DERIVED_CHANGES, tag)
 
 
+def wait_serving(address: str, within_s: float = 20) -> None:
+    """Returns once the host can fetch the page at address:8080 (a loaded host starts slowly)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{address}:8080/", timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def web_target(busybox_image: str) -> Iterator[str]:
     """The address of a web server in a plain container (answers `target`), for egress."""
@@ -61,6 +76,8 @@ def web_target(busybox_image: str) -> Iterator[str]:
     try:
         out = subprocess.run(["docker", "inspect", name], capture_output=True, check=True).stdout
         data: dict[str, Any] = json.loads(out)[0]
-        yield str(data["NetworkSettings"]["IPAddress"])
+        address = str(data["NetworkSettings"]["IPAddress"])
+        wait_serving(address)
+        yield address
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)

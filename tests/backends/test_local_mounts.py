@@ -16,7 +16,7 @@ import pytest
 
 from orchard.env.backends.agent_socket import SOCKETS_DIR
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
-from orchard.env.backends.local import LocalBackend
+from orchard.env.backends.local.backend import LocalBackend
 from orchard.env.errors import Unavailable
 from orchard.env.models import NetworkPolicy
 from tests.backends.backend_harness import TEST_LABELS, Harness, owned

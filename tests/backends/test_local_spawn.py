@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.backends import runc_exe, spawn
-from orchard.env.backends.runc_state import release_stopped
+from orchard.env.backends.local import runc_exe, spawn
+from orchard.env.backends.local.runc_state import release_stopped
 from orchard.env.errors import Unavailable
 
 pytestmark = pytest.mark.anyio

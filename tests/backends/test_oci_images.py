@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.backends.oci_images import ImageStore
+from orchard.env.backends.local.oci_images import ImageStore
 from orchard.env.errors import ImageNotFound, RegistryUnavailable
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,5 @@
-"""The local backend's two OCI runtimes (backends/oci_runtime.py): crun and runc.
+"""The local backend's two OCI runtimes (backends/local/oci_runtime.py; the table of what
+each can do: backends/runtimes.py): crun and runc.
 
 Each test runs on both, on real sandboxes: the isolation a sandbox gets is the same
 (seccomp, no new privileges, capabilities, cgroup limits, its own namespaces), pause and
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.backends import oci_runtime
-from orchard.env.backends.local import CGROUP_PARENT, LocalBackend
+from orchard.env.backends.local import oci_runtime
+from orchard.env.backends.local.backend import CGROUP_PARENT, LocalBackend
 from orchard.env.config import ConfigError, ServiceConfig
 from orchard.env.errors import Unavailable
 from tests.backends.backend_harness import TEST_LABELS, Harness, owned, zombie_children

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.backends.oci_spec import DEFAULT_PATH, SpecInput, merge_env, runtime_spec
+from orchard.env.backends.local.oci_spec import DEFAULT_PATH, SpecInput, merge_env, runtime_spec
 from orchard.env.backends.select import auto_backend, docker_answers
 
 

@@ -1,4 +1,4 @@
-"""The spawner (backends/spawner.py): the runtime's children that mount a rootfs first are
+"""The spawner (backends/local/spawner.py): the runtime's children that mount a rootfs first are
 forked by a small helper process, not by the service.
 
 Real processes and real mounts: a child sees its overlay in its own private namespace and
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.backends.mount_ns import MOUNT_FAILED, Prestart, RootfsMounts
-from orchard.env.backends.spawner import Spawner, SpawnerGone
+from orchard.env.backends.local.mount_ns import MOUNT_FAILED, Prestart, RootfsMounts
+from orchard.env.backends.local.spawner import Spawner, SpawnerGone
 
 pytestmark = pytest.mark.anyio
 

@@ -81,6 +81,16 @@ def test_run_eval_export(env: dict[str, str], tmp_path: Path) -> None:
     assert report == {"tasks": 2, "ok": 2, "problems": {}}
 
 
+def test_a_run_with_infrastructure_errors_exits_1(env: dict[str, str], tmp_path: Path) -> None:
+    """A model endpoint that is down breaks every trial: not graded, listed, exit 1."""
+    out = tmp_path / "run"
+    args = ["run", "--model", "http://127.0.0.1:9/v1", "--out", str(out), "--json"]
+    text = claw(*args, "--task", "cal-focus-block", "--label", "claw-test=cli", env=env, code=1)
+    assert "1 trial(s) broke on infrastructure" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trials"] == 0 and len(summary["errors"]) == 1
+
+
 def test_synthesize(env: dict[str, str], tmp_path: Path) -> None:
     draft = {**load_tasks()[0].model_dump(mode="json"), "id": "c3-cli-draft"}
     with FakeOpenAIServer([Reply(content=json.dumps(draft))]) as server:

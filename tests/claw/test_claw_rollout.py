@@ -56,6 +56,7 @@ def test_solving_policy_is_rewarded_by_the_grade(claw_world: World, tokenizer: A
     assert ep.outcome is Outcome.SUBMITTED and r.exit_status == "Completed"
     assert r.resolved and r.score == 1.0 and ep.reward == 1.0
     assert r.grade["passed"] and [i["id"] for i in r.grade["items"]][:2] == ["hoodies", "tags"]
+    assert r.sandbox_id == claw_world.sandbox.id  # the group's record says where it ran
     rec = r.record
     assert rec.turns == 4 and len(rec.completion_ids) == len(rec.logprobs) == len(rec.env_mask)
     assert ep.length == sum(rec.env_mask) and rec.env_mask[-1] == 1
@@ -70,6 +71,7 @@ def test_solving_policy_is_rewarded_by_the_grade(claw_world: World, tokenizer: A
     score_runner.reward = "score"
     idle = score_runner.run(CHORES_SPEC)
     assert idle.payload is not None and isinstance(idle.payload, ClawEpisodeResult)
+    assert idle.reward is not None
     assert idle.reward == pytest.approx(idle.payload.score - 0.75) and idle.reward < 0
 
 
@@ -93,6 +95,7 @@ def test_grpo_step_with_the_tiny_model(claw_world: World, tokenizer: Any, tmp_pa
         assert ep.outcome in (Outcome.SUBMITTED, Outcome.LIMIT)
         assert r.grade and ep.reward == pytest.approx(r.score - 0.75)
         assert r.record.turns == 1 and ep.length == sum(r.record.env_mask) > 0
+        assert ep.reward is not None
         rewards.append(ep.reward)
     logged = [h["reward"] for h in metrics["log_history"] if "reward" in h]
     assert logged == [pytest.approx(sum(rewards) / 2)]

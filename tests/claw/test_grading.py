@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from orchard.agents.llm import OpenAIModel
 from orchard.claw.checks import MISSING, match, parse_path, resolve
 from orchard.claw.grading import grade, robustness
 from orchard.claw.judge import JudgeContext, LLMRubricJudge, Verdict
 from orchard.claw.spec import TaskSpec
 from orchard.claw.tasks import NULL_ANSWER, TaskLoadError, load_tasks
+from orchard.llm.client import OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 STATE: dict[str, Any] = {
@@ -279,7 +279,8 @@ def test_robustness_counts_later_successful_retries() -> None:
         entry(3, "mail_send_message", {}, ok=False, fault="error"),
         entry(4, "mail_send_message", {"to": ["dana@acme.example"]}),
     ]
-    assert robustness(audit) == (pytest.approx(2 / 3), 3, 2)
+    score, *counts = robustness(audit)
+    assert score == pytest.approx(2 / 3) and counts == [3, 2]
     assert robustness([entry(1, "mail_send_message", {})]) == (1.0, 0, 0)
     # A success *before* the fault is not a retry.
     assert robustness([audit[3], {**audit[0], "seq": 5}]) == (0.0, 1, 0)
@@ -386,6 +387,8 @@ def test_llm_item_without_judge_has_no_score() -> None:
 
 
 class _Fixed:
+    name = "fixed"
+
     def __init__(self, ok: bool) -> None:
         self.ok = ok
         self.seen: list[JudgeContext] = []
@@ -426,11 +429,12 @@ def test_llm_judge_over_http_parses_and_caches(tmp_path: Path) -> None:
 
 
 def test_llm_judge_failures_mean_no_score(tmp_path: Path) -> None:
-    fast = {"max_retries": 0, "backoff_s": 0.01}
     s = spec(rubric=[*spec().model_dump()["rubric"], LLM_ITEM])
     for reply in (Reply(content="Perhaps."), Reply(status=500)):
         with FakeOpenAIServer([reply]) as srv:
-            judge = LLMRubricJudge(OpenAIModel(srv.base_url, **fast), cache_dir=tmp_path)
+            judge = LLMRubricJudge(
+                OpenAIModel(srv.base_url, max_retries=0, backoff_s=0.01), cache_dir=tmp_path
+            )
             g = grade(s, GOOD_AUDIT, STATE, "Sent.", judge=judge)
         tone = g.items[-1]
         assert tone.ok is None and tone.reason.startswith("judge error")

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchard.agents.llm import OpenAIModel
 from orchard.claw.harness import (
     ClawTrajectory,
     HarnessConfig,
@@ -19,6 +18,7 @@ from orchard.claw.harness import (
 from orchard.claw.runner import WorldPool, play
 from orchard.claw.spec import TaskSpec
 from orchard.claw.world import World
+from orchard.llm.client import OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 # A tiny two-turn task: the user asks for one to-do, then (a scripted follow-up) another.

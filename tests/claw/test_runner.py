@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from orchard import Orchard
-from orchard.agents.llm import ChatModel, OpenAIModel
 from orchard.claw.harness import HarnessConfig, null_model, reference_model
 from orchard.claw.judge import LLMRubricJudge
 from orchard.claw.runner import (
@@ -24,6 +23,7 @@ from orchard.claw.runner import (
 )
 from orchard.claw.spec import RubricItem, TaskSpec
 from orchard.claw.world import World, WorldError
+from orchard.llm.client import ChatModel, OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 from .test_harness import CHORES_SPEC, HOODIES, TAGS, calls, shared

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from orchard.agents.llm import OpenAIModel
 from orchard.claw.synthesize import DraftError, build_prompt, parse_draft, synthesize
 from orchard.claw.tasks import load_tasks
 from orchard.claw.world import World
+from orchard.llm.client import OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 from .test_harness import CHORES_SPEC

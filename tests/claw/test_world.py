@@ -3,7 +3,7 @@ and the isolation between the agent's uid and the root-owned services."""
 
 from __future__ import annotations
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from orchard import Orchard

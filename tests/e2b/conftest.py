@@ -66,6 +66,9 @@ class SDK:
         )
         return env
 
+    def argv(self, script: str) -> list[str]:
+        return [str(self.python), "-c", script]
+
     def run(
         self,
         code: str,
@@ -85,7 +88,7 @@ class SDK:
         if hard_exit:
             script += "sys.stdout.flush()\nos._exit(0)\n"
         proc = subprocess.run(
-            [str(self.python), "-c", script],
+            self.argv(script),
             env=self.env(key),
             capture_output=True,
             text=True,

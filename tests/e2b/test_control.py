@@ -24,6 +24,7 @@ def test_lifecycle(sdk: SDK) -> None:
         other = SandboxQuery(metadata={"who": "bob"})
         result["by_other_meta"] = [s.sandbox_id for s in Sandbox.list(query=other).next_items()]
         result["running"] = sbx.is_running()
+        result["metrics"] = sbx.get_metrics()  # partial: no samples (docs/e2b.md)
         sbx.set_timeout(600)
         result["extended"] = (sbx.get_info().end_at - info.end_at).total_seconds()
         same = Sandbox.connect(sbx.sandbox_id)
@@ -43,6 +44,7 @@ def test_lifecycle(sdk: SDK) -> None:
     assert 100 < out["ttl"] <= 121
     assert sid in out["listed"] and out["by_meta"] == [sid] and out["by_other_meta"] == []
     assert out["running"] is True
+    assert out["metrics"] == []
     assert out["extended"] > 400
     assert out["via_connect"] == "hi\n"
     assert out["killed"] is True and out["killed_again"] is False
@@ -61,6 +63,39 @@ def test_context_manager_and_envs(sdk: SDK) -> None:
     )
     assert out["env"] == "yes\n"
     assert out["id"] not in out["after"]
+
+
+def test_create_options(sdk: SDK) -> None:
+    """Egress from `allow_internet_access` / `network`; `lifecycle` (kill on timeout) and
+    `idempotency_key` accepted; `user=` of files resolves a relative path in that home."""
+    out = sdk.run(
+        """
+        made = []
+        try:
+            closed = Sandbox.create(allow_internet_access=False)
+            allowed = Sandbox.create(network={"deny_out": ["0.0.0.0/0"], "allow_out": ["10.9.9.9"]})
+            other = Sandbox.create(lifecycle={"on_timeout": "kill"}, idempotency_key="k-1")
+            made += [closed, allowed, other]
+            result["sdk"] = [m.get_info().allow_internet_access for m in made]
+            import httpx  # Orchard's own view of the same sandboxes
+            auth = {"Authorization": "Bearer " + os.environ["E2B_API_KEY"]}
+            url = os.environ["E2B_API_URL"] + "/v1/sandboxes/"
+            views = [httpx.get(url + m.sandbox_id, headers=auth).json()["network"] for m in made]
+            result["egress"] = [[v["egress"], v.get("allow") or []] for v in views]
+            other.commands.run("mkdir -p /home/nobody")
+            other.files.write("rel.txt", "as nobody", user="nobody")
+            result["user_file"] = other.commands.run(
+                "stat -c %U /home/nobody/rel.txt").stdout.strip()
+            result["user_read"] = other.files.read("rel.txt", user="nobody")
+        finally:
+            for m in made:
+                m.kill()
+        """
+    )
+    assert out["sdk"] == [False, True, True]
+    assert out["egress"] == [["none", []], ["allow", ["10.9.9.9"]], ["all", []]]
+    assert out["user_file"] == "root"  # written as root, in nobody's home
+    assert out["user_read"] == "as nobody"
 
 
 def test_errors_are_the_sdks_exceptions(sdk: SDK) -> None:

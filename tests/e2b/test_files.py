@@ -155,3 +155,31 @@ def test_watch_dir(sdk: SDK) -> None:
     assert out["stopped"] == "SandboxException"
     assert out["not_a_dir"] == "InvalidArgumentException"
     assert out["streamed"] == [["x", "create"]]
+
+
+def test_signed_urls_by_header(sdk: SDK) -> None:
+    """In header mode a signed URL names no sandbox (it is E2B_SANDBOX_URL/files?...): a
+    client adds `E2b-Sandbox-Id`, and the signature stands for the token. Host mode, where
+    the URL alone is enough: test_host_mode.py::test_signed_file_urls."""
+    out = sdk.run(
+        """
+        import httpx
+        with Sandbox.create() as sbx:
+            sbx.files.write("/tmp/s.txt", "signed")
+            routed = {"E2b-Sandbox-Id": sbx.sandbox_id}
+            url = sbx.download_url("/tmp/s.txt", use_signature_expiration=60)
+            r = httpx.get(url, headers=routed)
+            result["download"] = [r.status_code, r.text]
+            result["no_header"] = httpx.get(url).status_code
+            up = sbx.upload_url("/tmp/s2.txt")
+            r = httpx.post(up, headers=routed, files={"file": ("s2.txt", b"up")})
+            result["upload"] = [r.status_code, sbx.files.read("/tmp/s2.txt")]
+            bad = url.replace("signature=v1_", "signature=v1_x")
+            r = httpx.get(bad, headers=routed)
+            result["forged"] = [r.status_code, r.json()]
+        """
+    )
+    assert out["download"] == [200, "signed"]
+    assert out["no_header"] == 404  # not routed: no sandbox named
+    assert out["upload"] == [200, "up"]
+    assert out["forged"] == [401, {"code": 401, "message": "invalid signature"}]

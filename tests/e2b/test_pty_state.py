@@ -50,7 +50,7 @@ def test_pause_and_resume(sdk: SDK) -> None:
             sbx.files.write("/tmp/state", "kept")
             bg = sbx.commands.run("sleep 1000", background=True)
             result["paused"] = sbx.pause()
-            result["paused_again"] = sbx.pause()
+            result["paused_again"] = sbx.beta_pause()  # deprecated: pause()
             result["state"] = str(sbx.get_info().state.value)
             listed = {s.sandbox_id: str(s.state.value) for s in Sandbox.list().next_items()}
             result["listed"] = listed.get(sbx.sandbox_id)

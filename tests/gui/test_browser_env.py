@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from orchard import Orchard
-from orchard.env._sdk_core import sandbox_path
+from orchard.env.sdk.core import sandbox_path
 from orchard.gui.browser_env import BrowserEnv, EnvConfig
 from orchard.gui.relay import Relay
 from orchard.gui.types import CDP_PORT, GRID, Action, JudgeInput, Observation, Verdict, WebTask

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from orchard import Orchard
-from orchard.agents.llm import OpenAIModel
 from orchard.gui.browser_env import EnvConfig
 from orchard.gui.demo import ScriptedModel
 from orchard.gui.harness import GuiAgentConfig, run_episode
@@ -22,6 +21,7 @@ from orchard.gui.judges import WebVoyagerJudge
 from orchard.gui.rollout import GuiEpisodeResult, GuiRolloutRunner, GuiRunnerFactory
 from orchard.gui.tasks import sample_tasks
 from orchard.gui.types import WebTask
+from orchard.llm.client import OpenAIModel
 from orchard.train.bar import BARConfig, Outcome, bar_rollout
 from orchard.train.grpo import train_grpo
 from orchard.train.rollout import HFGenerator

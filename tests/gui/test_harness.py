@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from orchard.agents.llm import OpenAIModel
 from orchard.gui.browser_env import BrowserEnv
 from orchard.gui.checks import StateJudge
 from orchard.gui.harness import (
@@ -27,6 +26,7 @@ from orchard.gui.harness import (
     run_episode,
 )
 from orchard.gui.types import Observation, TabInfo, WebTask
+from orchard.llm.client import OpenAIModel
 from tests.gui.scripted import solution_replies, task_with_solution, tool_reply
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 

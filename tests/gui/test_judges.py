@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from orchard.agents.llm import OpenAIModel
 from orchard.gui.judges import (
     JudgeCache,
     WebJudge,
@@ -23,6 +22,7 @@ from orchard.gui.judges import (
     parse_success,
 )
 from orchard.gui.types import JudgeInput, WebTask
+from orchard.llm.client import OpenAIModel
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 
 

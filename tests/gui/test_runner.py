@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from orchard import Orchard
-from orchard.agents.llm import OpenAIModel
 from orchard.gui.browser_env import BrowserEnv
 from orchard.gui.checks import StateJudge
 from orchard.gui.harness import GuiAgentConfig
@@ -28,6 +27,7 @@ from orchard.gui.runner import (
 )
 from orchard.gui.tasks import sample_tasks
 from orchard.gui.types import WebTask
+from orchard.llm.client import OpenAIModel
 from tests.gui.scripted import solution_replies, task_with_solution, tool_reply
 from tests.swe.fake_openai import FakeOpenAIServer, Reply
 

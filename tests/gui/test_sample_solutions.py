@@ -5,6 +5,7 @@ judge, and a policy that gives up at once fails it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from orchard.gui.types import JudgeInput
 
 TASKS = load_orchard()
 SOLUTIONS = load_solutions()
-GIVE_UP = {"name": "done", "args": {"answer": "I don't know"}}
+GIVE_UP: dict[str, Any] = {"name": "done", "args": {"answer": "I don't know"}}
 
 
 @pytest.fixture

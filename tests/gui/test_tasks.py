@@ -71,7 +71,7 @@ def test_webvoyager_bad_rows_name_the_line(tmp_path: Path) -> None:
 
 
 def test_online_mind2web_json_list(tmp_path: Path) -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "task_id": "abc123",
             "confirmed_task": "Find the cheapest flight",
@@ -112,7 +112,7 @@ def test_online_mind2web_json_list(tmp_path: Path) -> None:
 
 
 def test_deepshop_constraints_become_key_points(tmp_path: Path) -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "id": "ds-1",
             "ques": "Buy red running shoes under $60, cheapest first",

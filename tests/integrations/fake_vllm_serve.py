@@ -41,7 +41,10 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
-from torch.distributed import BroadcastOptions, ProcessGroupGloo, TCPStore
+
+# torch re-exports its C extension's names without listing them, and its stubs lack
+# ProcessGroupGloo's `_Options` and `broadcast`: the ignores below are for those gaps only.
+from torch.distributed import BroadcastOptions, ProcessGroupGloo, TCPStore  # type: ignore[attr-defined]
 
 from orchard.train.rollout import HFGenerator
 
@@ -50,7 +53,7 @@ _TIMEOUT = timedelta(seconds=60)
 
 def _gloo(address: str, port: int, rank: int, world_size: int) -> ProcessGroupGloo:
     store = TCPStore(address, port, world_size, rank == 0, timeout=_TIMEOUT, wait_for_workers=False)
-    opts = ProcessGroupGloo._Options()
+    opts = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     opts._timeout = _TIMEOUT
     opts._devices = [ProcessGroupGloo.create_device(hostname=address)]
     return ProcessGroupGloo(store, rank, world_size, opts)
@@ -59,7 +62,7 @@ def _gloo(address: str, port: int, rank: int, world_size: int) -> ProcessGroupGl
 def _broadcast(pg: ProcessGroupGloo, tensor: torch.Tensor) -> None:
     opts = BroadcastOptions()
     opts.rootRank = 0
-    pg.broadcast([tensor], opts).wait()
+    pg.broadcast([tensor], opts).wait()  # type: ignore[attr-defined]
 
 
 class FakeVLLMServe:
@@ -136,7 +139,7 @@ class FakeVLLMServe:
             raise ValueError("the fake serves token-id prompts only")
         stop = list(body.get("stop_token_ids") or [self.tokenizer.eos_token_id])
         seed = body.get("seed")
-        choices = []
+        choices: list[dict[str, Any]] = []
         with self._lock:
             for ids in prompts:
                 for _ in range(int(body.get("n", 1))):

@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harbor.environments.factory import EnvironmentFactory
-from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
-from harbor.models.trial.paths import TrialPaths
+from harbor.environments.factory import EnvironmentFactory  # type: ignore[import-not-found]
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy  # type: ignore[import-not-found]
+from harbor.models.trial.paths import TrialPaths  # type: ignore[import-not-found]
 
 IMPORT_PATH = "orchard.integrations.harbor:OrchardEnvironment"
 

@@ -110,3 +110,27 @@ def test_environment_methods(
             check=False,
         )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize(("solution", "reward"), [("gold", 1.0), ("none", 0.0)])
+def test_a_shipped_real_swe_row_as_a_harbor_task(
+    solution: str,
+    reward: float,
+    harbor_python: Path,
+    harbor_env: dict[str, str],
+    tmp_path: Path,
+    no_leaks: object,
+) -> None:
+    """A row synthesized from a real PyPI project, exported (`harbor_tasks.export_task`):
+    its image with the bug set up, the gold patch as the oracle's solution, the row's
+    tests as the verifier (a solution that does nothing scores 0: the bug is in)."""
+    from orchard.integrations.harbor_tasks import export_task
+    from tests.swe.real import real_row
+
+    task = export_task(real_row(), tmp_path / "tasks")
+    if solution == "none":
+        (task / "solution" / "solve.sh").write_text("#!/bin/bash\necho 'giving up'\n")
+    with no_leaks("harbor"):  # type: ignore[operator]
+        result = harbor_run(harbor_python, harbor_env, task, tmp_path / "jobs")
+    assert result["exception_info"] is None, result["exception_info"]
+    assert result["verifier_result"] == {"rewards": {"reward": reward}}

@@ -28,9 +28,8 @@ from orchard.env import images
 from orchard.gui.image import browser_image
 from orchard.swe.images import build_images
 from orchard.swe.tasks import SAMPLE_DIR, Task, sample_tasks
-from tests.gui.scripted import solution_replies, task_with_solution
+from tests.gui.scripted import scripted_gui_run, task_with_solution
 from tests.swe.conftest import embedded_client
-from tests.swe.fake_openai import FakeOpenAIServer
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +107,14 @@ def test_swe_run_writes_an_inspect_log(
     for t in task.FAIL_TO_PASS + task.PASS_TO_PASS:
         assert f"pass  {t}" in score.explanation
     assert "FAIL_TO_PASS: " in score.explanation and "PASS_TO_PASS: " in score.explanation
+    assert score.answer is not None
     assert score.answer == traj["submission"] and score.answer.startswith("diff --git")
     assert sample.metadata["patch"] == traj["submission"]
     assert sample.metadata["verify_status"] == "RESOLVED_FULL"
     assert sample.metadata["stats"]["steps"] == len(traj["steps"])
+    # the sandbox the attempt ran in, as the run recorded it
+    assert sample.metadata["sandbox_id"] == traj["config"]["sandbox_id"]
+    assert isinstance(sample.metadata["sandbox_id"], str) and sample.metadata["sandbox_id"]
     usage = sample.model_usage["replay:oracle"]
     assert usage.input_tokens == traj["stats"]["prompt_tokens"] > 0
     assert sample.total_time == traj["stats"]["wall_s"] and sample.started_at
@@ -178,6 +181,12 @@ def test_claw_run_writes_an_inspect_log(claw_env: dict[str, str], tmp_path: Path
         assert "safe     no_delete: " in score.explanation  # a safety item that held
         assert "pass     freeze_read: " in score.explanation
         assert s.metadata["audit"] and s.metadata["final_state"]
+        # the world's sandbox the trial ran in, as the run recorded it (world and row)
+        world = json.loads(
+            (out / "mail-tidy-inbox" / f"trial-{row['trial']}.world.json").read_text()
+        )
+        assert s.metadata["sandbox_id"] == world["sandbox_id"] == row["sandbox_id"]
+        assert isinstance(s.metadata["sandbox_id"], str) and s.metadata["sandbox_id"]
         assert s.metadata["stats"]["tool_calls"] == row["tool_calls"]
         assert s.model_usage and s.total_time == row["wall_s"]
     exported = CliRunner().invoke(
@@ -196,17 +205,9 @@ def gui_client(
 
 
 def test_gui_run_writes_an_inspect_log(gui_client: Orchard, tmp_path: Path) -> None:
-    assert gui_client.target.uds is not None
-    task, actions = task_with_solution()
     out = tmp_path / "run"
-    args = ["--url", f"unix://{gui_client.target.uds}", "gui", "run", "--out", str(out)]
-    with FakeOpenAIServer(solution_replies(actions)) as server:
-        result = CliRunner().invoke(
-            app,
-            [*args, "--task", task.id, "--model", server.base_url, "--model-name", "fake-vlm"],
-            env={"COLUMNS": "200"},
-        )
-    assert result.exit_code == 0, (result.output, result.exception)
+    actions = scripted_gui_run(gui_client, out)
+    task = task_with_solution()[0]
 
     log = _read(out / "run.eval")
     assert log.eval.task == "orchard/gui" and log.eval.model == "fake-vlm"
@@ -243,6 +244,12 @@ def test_gui_run_writes_an_inspect_log(gui_client: Orchard, tmp_path: Path) -> N
         and res["orchard"]["verdict"]["reason"] in score.explanation
     )
     assert sample.metadata["final_state"]["shop"]["orders"]
+    # the browser's sandbox, in the trajectory's own field (not its agent config)
+    sandbox_id = res["orchard"]["sandbox_id"]
+    assert (
+        isinstance(sandbox_id, str) and sandbox_id and sample.metadata["sandbox_id"] == sandbox_id
+    )
+    assert "sandbox_id" not in res["orchard"]["config"]
     assert sample.model_usage["fake-vlm"].total_tokens > 0 and sample.total_time
 
 
@@ -305,6 +312,63 @@ def test_inspect_view_serves_the_log(tmp_path: Path) -> None:
         assert [(f["name"], f["task"]) for f in files] == [(name, "orchard/swe")]
         log = httpx.get(f"{base}/logs/{quote(name, safe='')}", timeout=30).json()
         assert log["status"] == "success" and log["eval"]["task"] == "orchard/swe"
+    finally:
+        view.terminate()
+        view.wait(timeout=30)
+
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's; Playwright drives it, nothing downloaded
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")
+def test_inspect_view_shows_a_real_run_in_chromium(
+    swe_pair: tuple[Orchard, list[Task]], tmp_path: Path
+) -> None:
+    """A real `orchard swe run` (two tasks, the recorded oracle replayed, graded for real), its
+    run.eval opened in the real `inspect view` in headless Chromium: the sample list shows the
+    attempts, and a sample shows its transcript (the bash commands) and its verdict."""
+    from playwright.sync_api import expect, sync_playwright
+
+    client, tasks = swe_pair
+    out = tmp_path / "run"
+    ids = [t.instance_id for t in tasks[:2]]
+    replay = f"replay:{SAMPLE_DIR / 'trajectories'}"
+    args = ("run", "--model", replay, "--out", str(out), "-i", ids[0], "-i", ids[1])
+    proc = _cli("swe", *args, client=client)
+    assert proc.returncode == 0, proc.stderr
+    traj = json.loads((out / ids[0] / f"{ids[0]}.traj.json").read_text())
+    command = next(s["command"] for s in traj["steps"] if s["command"])
+    port = _free_port()
+    inspect = Path(sys.executable).with_name("inspect")
+    view = subprocess.Popen(
+        [str(inspect), "view", "--log-dir", str(out), "--port", str(port), "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(300):  # the viewer takes a few seconds to start
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/api/log-files", timeout=5)
+                break
+            except httpx.TransportError:
+                assert view.poll() is None, "inspect view exited"
+                time.sleep(0.1)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(f"http://127.0.0.1:{port}/", timeout=60_000)
+                page.get_by_text("orchard/swe").first.click(timeout=60_000)
+                for iid in ids:  # one row per attempt
+                    expect(page.get_by_text(iid).first).to_be_visible(timeout=60_000)
+                page.get_by_text(ids[0]).first.click()
+                first_line = command.splitlines()[0][:40]
+                expect(page.get_by_text(first_line).first).to_be_attached(timeout=60_000)
+                page.get_by_text("Scoring", exact=True).first.click()  # the sample's score tab
+                expect(page.get_by_text("RESOLVED_FULL").first).to_be_attached(timeout=30_000)
+                page.screenshot(path=str(tmp_path / "inspect-view.png"))
+            finally:
+                browser.close()
     finally:
         view.terminate()
         view.wait(timeout=30)

@@ -73,5 +73,5 @@ def test_an_image_without_pwd_runs_its_samples(
     )
     with no_leaks("inspect"):
         [log] = eval(task, model="mockllm/model", display="none", log_dir=str(tmp_path))
-    assert log.status == "success", log.error
+    assert log.status == "success" and log.results is not None, log.error
     assert log.results.scores[0].metrics["accuracy"].value == 1.0

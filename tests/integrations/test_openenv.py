@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from openenv.core import GenericEnvClient
+from openenv.core import GenericEnvClient  # type: ignore[import-untyped]
 
 from orchard import Orchard
 from orchard.env import images
@@ -272,6 +272,28 @@ def test_swe_family_over_the_websocket_session(
             assert (r.done, r.reward) == (True, 0.0) and r.observation.info["resolved"] is False
 
     with no_leaks("openenv"), serving(family_app("swe", max_steps=5)) as base:
+        asyncio.run(play(base))
+
+
+def test_swe_family_plays_a_shipped_real_row(no_leaks: Callable[[str], Any]) -> None:
+    """A row synthesized from a real PyPI project (`tasks="real"`): the episode starts with
+    the row's bug set up (one commit, a clean tree), and its gold patch is rewarded 1."""
+    from tests.swe.real import gold_command, real_row
+
+    task = real_row()
+
+    async def play(base: str) -> None:
+        async with OrchardEnvClient(base_url=base, message_timeout_s=300) as env:
+            first = await env.reset(task_id=task.instance_id)
+            assert task.problem_statement.strip()[:60] in first.observation.text
+            r = await env.step(_call("bash", command="git log --oneline | wc -l; git status -s"))
+            assert r.observation.text.split() == ["1"], r.observation.text
+            r = await env.step(_call("bash", command=gold_command(task)))
+            assert r.observation.info["exit_code"] == 0, r.observation.text  # the bug is in
+            r = await env.step(_call("submit"))
+            assert (r.done, r.reward) == (True, 1.0), r.observation.info
+
+    with no_leaks("openenv"), serving(family_app("swe", tasks="real", max_steps=5)) as base:
         asyncio.run(play(base))
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import skyrl_gym
+import skyrl_gym  # type: ignore[import-untyped]
 
 from orchard.env.errors import OrchardError
 from orchard.integrations import skyrl

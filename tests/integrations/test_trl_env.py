@@ -19,6 +19,7 @@ import pytest
 from orchard import Orchard
 from orchard.claw.tasks import select_tasks
 from orchard.integrations.trl import OrchardEnvironments, orchard_reward, use_qwen_tool_parser
+from orchard.integrations.trl_envs import ClawEnvironment, SweEnvironment
 from orchard.swe.tasks import Task
 from orchard.train.tiny import build_tokenizer
 from orchard.train.tokenize import Trajectory
@@ -52,14 +53,16 @@ def tools_of(env: Any) -> list[str]:
 
 @pytest.fixture(scope="module")
 def swe_task(docker_ready: None) -> Task:
-    return intervals_task()
+    task: Task = intervals_task()
+    return task
 
 
 def taught_model(tokenizer: Any, envs: OrchardEnvironments, task: Task) -> Any:
     """The tiny model after a few supervised steps on the episode TRL will render."""
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     probe = envs()
+    assert isinstance(probe, SweEnvironment)
     row = envs.dataset()[0]
     call = {"type": "function", "function": {"name": "bash", "arguments": {"command": FIX}}}
     messages = [
@@ -80,7 +83,8 @@ def taught_model(tokenizer: Any, envs: OrchardEnvironments, task: Task) -> Any:
 def test_grpo_step_through_the_environment_factory(
     swe_task: Task, client: Orchard, tmp_path: Path, no_leaks: Callable[[str], Any]
 ) -> None:
-    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.grpo_config import GRPOConfig
+    from trl.trainer.grpo_trainer import GRPOTrainer
 
     tokenizer = use_qwen_tool_parser(build_tokenizer())
     with no_leaks("trl"), OrchardEnvironments("swe", [swe_task], client=client) as envs:
@@ -107,11 +111,30 @@ def test_grpo_step_through_the_environment_factory(
         assert envs.environments == [] and envs.close() == 0
 
 
+def test_swe_environment_on_a_shipped_real_row(
+    client: Orchard, no_leaks: Callable[[str], Any]
+) -> None:
+    """A row synthesized from a real PyPI project (`"real"`): reset sets its bug up, the
+    row's own tests grade the diff the tool calls left."""
+    from tests.swe.real import gold_command, real_row
+
+    task = real_row()
+    ids = [task.instance_id]
+    with no_leaks("trl"), OrchardEnvironments("swe", "real", ids=ids, client=client) as envs:
+        env = envs()
+        assert isinstance(env, SweEnvironment)
+        assert task.problem_statement.strip()[:60] in env.reset(**envs.dataset()[0])
+        reply = [{"role": "assistant", "content": "Done."}]
+        assert orchard_reward([reply], [env]) == [-1.0]  # the bug is there
+        assert "<returncode>0</returncode>" in env.bash(command=gold_command(task))
+        assert orchard_reward([reply], [env]) == [1.0]
+
+
 def test_claw_environment_tools_and_reward(client: Orchard, no_leaks: Callable[[str], Any]) -> None:
     """Claw: the task's service tools are methods; the rubric grades the world it changed."""
     [spec] = select_tasks(None, ["todo-complete-vpn"])
     with no_leaks("trl"), OrchardEnvironments("claw", [spec], client=client) as envs:
-        env = envs()
+        env: Any = envs()  # the task's service tools are attached as methods, per task
         assert "todo_complete" in tools_of(env) and "mail_send" not in tools_of(env)
         row = envs.dataset()[0]
         assert env.reset(**row) == spec.request
@@ -150,7 +173,7 @@ def test_gui_environment_text_mode(client: Orchard, no_leaks: Callable[[str], An
     browser_image()  # built offline once, reused by tag (the GUI tests use the same)
     [task] = gui_tasks("sample", ["wiki-lighthouse-year"])
     with no_leaks("trl"), OrchardEnvironments("gui", [task], client=client) as envs:
-        env = envs()
+        env: Any = envs()  # the browser tools are attached as methods
         assert {"click", "goto_url", "done"} <= set(tools_of(env))
         text = env.reset(**envs.dataset()[0])
         assert task.ques in text and "Accessibility tree:" in text
@@ -172,7 +195,9 @@ def test_sandboxes_go_when_training_fails(client: Orchard, no_leaks: Callable[[s
         OrchardEnvironments("claw", [spec], client=client) as envs,
     ):
         env = envs()
+        assert isinstance(env, ClawEnvironment)
         env.reset(**envs.dataset()[0])  # the world starts in the background
+        assert env._world is not None
         env._world.result()
         assert leftover("trl")
         raise RuntimeError("the trainer failed")

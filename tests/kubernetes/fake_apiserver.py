@@ -1,7 +1,7 @@
 """FakeKubeAPIServer: an in-process stand-in for a Kubernetes API server (a fake: no
 cluster can run on the test machines).
 
-It speaks the real wire format for what the kubernetes backend uses -- pods,
+It speaks the real wire format for what the kubernetes backend uses -- pods, ConfigMaps,
 NetworkPolicies and CiliumNetworkPolicies in namespaces: create (POST), get, list with
 label selectors and a resourceVersion, watch (`?watch=true`: chunked JSON lines of
 ADDED/MODIFIED/DELETED, resumable from a version, 410 Gone for a compacted one), JSON
@@ -20,7 +20,7 @@ import copy
 import json
 import secrets
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,11 +29,13 @@ from typing import Any
 from aiohttp import web
 
 Obj = dict[str, Any]
-Kubelet = Callable[["FakeKubeAPIServer", Obj], Awaitable[None]]
+Kubelet = Callable[["FakeKubeAPIServer", Obj], Coroutine[Any, Any, None]]
 
 # (group/version prefix, plural) -> kind
 KINDS = {
     ("api/v1", "pods"): ("v1", "Pod"),
+    ("api/v1", "configmaps"): ("v1", "ConfigMap"),
+    ("api/v1", "persistentvolumeclaims"): ("v1", "PersistentVolumeClaim"),
     ("apis/networking.k8s.io/v1", "networkpolicies"): ("networking.k8s.io/v1", "NetworkPolicy"),
     ("apis/cilium.io/v2", "ciliumnetworkpolicies"): ("cilium.io/v2", "CiliumNetworkPolicy"),
 }

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from orchard.env.backends.k8s_objects import KubernetesOptions
-from orchard.env.backends.kubernetes import KubernetesBackend
+from orchard.env.backends.kubernetes.backend import KubernetesBackend
+from orchard.env.backends.kubernetes.objects import KubernetesOptions
 from tests.kubernetes.fake_apiserver import FakeKubeAPIServer, Obj
 
 NS = "orchard-sandboxes"

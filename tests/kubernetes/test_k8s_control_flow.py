@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from lightkube import codecs
 
-from orchard.env.backends import k8s_objects as objs
 from orchard.env.backends.base import SandboxSpec
+from orchard.env.backends.kubernetes import objects as objs
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
     Conflict,

@@ -7,7 +7,8 @@ that reason (as in `make test`). Any cluster works whose nodes have the images a
 pod IPs this machine reaches (kind, k3s; see docs/kubernetes.md).
 
 Everything a test makes is deleted afterwards: sandboxes through the API, then the
-deployment's namespaces, the test namespace and the host-side network namespace.
+deployment's namespaces, the tenant namespaces the service made, the test namespace and
+the host-side network namespace.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import Any
 import pytest
 
 from orchard import Orchard
+from orchard.env.backends.kubernetes.objects import KubernetesOptions
+from orchard.env.backends.kubernetes.tenants import tenant_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SH = ROOT / "deploy" / "cluster" / "cluster.sh"
@@ -40,6 +43,8 @@ NEED_CLUSTER = pytest.mark.skipif(
 # The "outside world" for egress tests: a network namespace of our own on this machine,
 # on a documentation range, serving HTTP (what an allowed destination looks like).
 OUTSIDE_NS = "orchk8s-out"
+# The labels of the tenant namespaces the service makes (kubernetes/tenants.py).
+TENANTS = "orchard.dev/sandboxes=true,orchard.dev/instance=default"
 OUTSIDE_IP, OUTSIDE_HOST_IP, OUTSIDE_PORT = "198.51.100.10", "198.51.100.1", 8081
 
 
@@ -69,6 +74,11 @@ def kubectl(
     return res
 
 
+def tenant_ns(owner: str) -> str:
+    """Where the in-cluster service puts `owner`'s pods (kubernetes/tenants.py)."""
+    return tenant_namespace(KubernetesOptions(), owner)
+
+
 def kget(*args: str) -> Any:
     return json.loads(kubectl("get", *args, "-o", "json").stdout)
 
@@ -80,7 +90,8 @@ def load_images(*images: str) -> None:
 
 def node_ip() -> str:
     node = kget("nodes")["items"][0]
-    return next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    addr: str = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    return addr
 
 
 @dataclass
@@ -89,6 +100,7 @@ class Deployed:
 
     url: str
     keys: dict[str, str]
+    node_key: str = ""  # the node helper's (base/node.yaml): Secret orchard-node, key `key`
 
     def client(self, owner: str = "alice", **kw: Any) -> Orchard:
         return Orchard(base_url=self.url, api_key=self.keys[owner], **kw)
@@ -102,13 +114,21 @@ class Deployed:
             "-n", "orchard-system", "rollout", "status", "deployment/orchard",
             f"--timeout={int(timeout_s)}s", timeout=timeout_s + 10,
         )  # fmt: skip
+        # Until the old replicas are gone too: `rollout status` is done while they still
+        # stop, and a create the Service sends to one then is undone (503 service_stopping).
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            ready = [p for p in self.service_pods() if _pod_ready(p)]
-            if len(ready) >= replicas and self._answers():
+            pods = self.service_pods()
+            ready = [
+                p for p in pods if _pod_ready(p) and not p["metadata"].get("deletionTimestamp")
+            ]
+            if len(ready) == len(pods) == replicas and self._answers():
                 return
             time.sleep(0.5)
-        raise AssertionError(f"{replicas} ready replicas did not answer within {timeout_s} s")
+        raise AssertionError(
+            f"not exactly {replicas} ready replicas answering within {timeout_s} s: "
+            + ", ".join(p["metadata"]["name"] for p in self.service_pods())
+        )
 
     def _answers(self) -> bool:
         with contextlib.suppress(Exception), self.client() as c:
@@ -120,6 +140,24 @@ class Deployed:
 def _pod_ready(pod: dict[str, Any]) -> bool:
     conds = (pod.get("status") or {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+@contextlib.contextmanager
+def leaving_nothing(dep: Deployed, owner: str = "alice") -> Iterator[Orchard]:
+    """`owner`'s client; every sandbox and snapshot made through it goes afterwards, even
+    when the test failed."""
+    with dep.client(owner) as c:
+        sandboxes = {s.id for s in c.sandboxes.list()}
+        snapshots = {s.id for s in c.snapshots.list()}
+        try:
+            yield c
+        finally:
+            for sb in c.sandboxes.list():
+                if sb.id not in sandboxes:
+                    c.sandboxes.delete(sb.id)
+            for snap in c.snapshots.list():
+                if snap.id not in snapshots:
+                    c.snapshots.delete(snap.id)
 
 
 def delete_all_sandboxes(dep: Deployed) -> None:
@@ -141,24 +179,32 @@ def sandbox_image(busybox_image: str) -> str:
 def deployed() -> Iterator[Deployed]:
     """Render the `local` overlay with real kustomize, apply it server-side, give it fresh
     API keys for two tenants and wait for both replicas; afterwards delete it all."""
-    for image in ("orchard/service:local", "orchard/agent-injector:local"):
+    for image in ("orchard/service:local", "orchard/agent-injector:local", "orchard/node:local"):
         if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode:
             pytest.fail(
                 f"{image} is missing: run deploy/kubernetes/images/build.sh (make test-k8s does)"
             )
-    load_images("orchard/service:local", "orchard/agent-injector:local")
+    load_images("orchard/service:local", "orchard/agent-injector:local", "orchard/node:local")
     rendered = kubectl("kustomize", str(OVERLAY)).stdout
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=rendered)
-    keys = {"alice": secrets.token_urlsafe(18), "bob": secrets.token_urlsafe(18)}
+    # `capped` is held to 5 sandboxes (overlays/local/limits.yaml; test_k8s_quota.py).
+    keys = {o: secrets.token_urlsafe(18) for o in ("alice", "bob", "capped")}
+    node_key = secrets.token_hex(32)  # the service's copy and the DaemonSet's (docs/kubernetes.md)
     secret = kubectl(
         "-n", "orchard-system", "create", "secret", "generic", "orchard-secrets",
         f"--from-literal=secret={secrets.token_urlsafe(32)}",
         "--from-literal=api-keys=" + ",".join(f"{o}:{k}" for o, k in keys.items()),
-        "--dry-run=client", "-o", "yaml",
+        f"--from-literal=node-key={node_key}", "--dry-run=client", "-o", "yaml",
     ).stdout  # fmt: skip
     kubectl("apply", "-f", "-", input_text=secret)
+    secret = kubectl(
+        "-n", "orchard-node", "create", "secret", "generic", "orchard-node",
+        f"--from-literal=key={node_key}", "--dry-run=client", "-o", "yaml",
+    ).stdout  # fmt: skip
+    kubectl("apply", "-f", "-", input_text=secret)
+    kubectl("-n", "orchard-node", "rollout", "restart", "daemonset/orchard-node")
     kubectl("-n", "orchard-system", "rollout", "restart", "deployment/orchard")
-    dep = Deployed(url=f"http://{node_ip()}:30080", keys=keys)
+    dep = Deployed(url=f"http://{node_ip()}:30080", keys=keys, node_key=node_key)
     dep.wait_ready()
     try:
         yield dep
@@ -167,6 +213,13 @@ def deployed() -> Iterator[Deployed]:
         if not os.environ.get("ORCHARD_TEST_KEEP_DEPLOYMENT"):  # kept: a quick next run by hand
             kubectl("delete", "-f", "-", "--wait=true", "--timeout=180s", "--ignore-not-found",
                     input_text=rendered, check=False, timeout=240)  # fmt: skip
+            delete_tenant_namespaces()
+
+
+def delete_tenant_namespaces() -> None:
+    """The namespaces the service made, one per owner (kubernetes/tenants.py)."""
+    kubectl("delete", "namespace", "-l", TENANTS, "--wait=true", "--timeout=180s",
+            check=False, timeout=240)  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,22 +21,16 @@ import pytest
 from orchard import Orchard
 from orchard.env.errors import EgressDenied, NotFound, OrchardError, SandboxExited
 from orchard.env.sdk import Sandbox
-from tests.live.conftest import CLUSTER_SH, Deployed, kget, kubectl
+from tests.live.conftest import CLUSTER_SH, Deployed, kget, kubectl, leaving_nothing, tenant_ns
 
-NS = "orchard-sandboxes"
+NS = tenant_ns("alice")  # the `client` fixture's owner: its pods live there
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 @pytest.fixture
 def client(deployed: Deployed) -> Iterator[Orchard]:
-    with deployed.client() as c:
-        made_before = {s.id for s in c.sandboxes.list()}
-        try:
-            yield c
-        finally:
-            for s in c.sandboxes.list():
-                if s.id not in made_before:
-                    c.sandboxes.delete(s.id)
+    with leaving_nothing(deployed) as c:
+        yield c
 
 
 def pod_of(sandbox_id: str) -> dict[str, object]:
@@ -153,7 +148,7 @@ def test_egress_is_enforced_by_network_policy(
             "Orchard service": (svc_ip, 80),
             "Orchard NodePort": (node, 30080),
         }
-        cases = [
+        cases: list[tuple[dict[str, Any], bool]] = [
             ({"egress": "none"}, False),
             ({"egress": "all"}, True),
             ({"egress": "allow", "allow": [f"{out_ip}/32"]}, True),
@@ -201,8 +196,8 @@ def test_no_service_account_token_and_pod_security(client: Orchard, sandbox_imag
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "psa-probe", "namespace": NS},
         "spec": {"hostPID": True, "containers": [{"name": "c", "image": sandbox_image}]},
     }  # fmt: skip
-    res = kubectl("create", "--dry-run=server", "-f", "-", input_text=json.dumps(bad), check=False)
-    assert res.returncode != 0 and "violates PodSecurity" in res.stderr
+    dry = kubectl("create", "--dry-run=server", "-f", "-", input_text=json.dumps(bad), check=False)
+    assert dry.returncode != 0 and "violates PodSecurity" in dry.stderr
 
 
 def test_other_tenants_sandboxes_are_invisible(deployed: Deployed, sandbox_image: str) -> None:
@@ -322,6 +317,45 @@ def test_a_replica_killed_the_other_keeps_serving(
     sb.delete()
 
 
+def test_a_rolling_update_loses_no_create(
+    deployed: Deployed, client: Orchard, sandbox_image: str
+) -> None:
+    """`kubectl rollout restart` under a steady stream of create, exec, delete from two
+    clients: not one call fails. Replicas serve 3 s after they are told to stop (preStop),
+    and a create one still takes while stopping is undone and sent again by the SDK."""
+    done = threading.Event()
+    made: list[str] = []
+    failed: list[str] = []
+
+    def churn() -> None:
+        with deployed.client() as c:
+            while not done.is_set():
+                try:
+                    with c.sandboxes.create(sandbox_image, timeout_s=300) as sb:
+                        assert sb.exec("echo on").stdout == "on\n"
+                        made.append(sb.id)
+                except (OrchardError, AssertionError) as exc:
+                    failed.append(f"{type(exc).__name__}: {exc}")
+
+    before = {p["metadata"]["name"] for p in deployed.service_pods()}
+    with ThreadPoolExecutor(2) as pool:
+        workers = [pool.submit(churn) for _ in range(2)]
+        try:
+            time.sleep(2)
+            kubectl("-n", "orchard-system", "rollout", "restart", "deployment/orchard")
+            deployed.wait_ready()
+            time.sleep(3)
+        finally:
+            done.set()
+            for w in workers:
+                w.result(timeout=600)
+    after = {p["metadata"]["name"] for p in deployed.service_pods()}
+    print(f"\nrolling update: {len(made)} create+exec+delete, {len(failed)} failed")
+    assert not before & after, "the rollout did not replace the replicas"
+    assert not failed, failed
+    assert len(made) >= 4
+
+
 def test_api_server_restarted_mid_run(client: Orchard, sandbox_image: str) -> None:
     """The watches reconnect: after a kill -9 of the API server (and an etcd compaction, so
     resuming an old watch gets 410 Gone) creates, execs and deletes work again."""
@@ -344,8 +378,8 @@ def test_api_server_restarted_mid_run(client: Orchard, sandbox_image: str) -> No
     # A pod deleted now is noticed: the replicas' watches are live again.
     kubectl("-n", NS, "delete", "pod", f"orchard-{sb.id}", "--wait=true")
     deadline = time.monotonic() + 60
-    while sb.id in {s.id for s in client.sandboxes.list() if s.status == "running"}:
-        assert time.monotonic() < deadline, "the deleted pod is still listed as running"
+    while sb.id in {s.id for s in client.sandboxes.list() if s.info.status == "ready"}:
+        assert time.monotonic() < deadline, "the deleted pod is still listed as ready"
         time.sleep(0.5)
     sb.delete(missing_ok=True)
 

@@ -26,12 +26,13 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.networking_v1 import NetworkPolicy as K8sNetworkPolicy
 
-from orchard.env.backends import k8s_objects as objs
-from orchard.env.backends.k8s_objects import KubernetesOptions
-from orchard.env.backends.kubernetes import KubernetesBackend
+from orchard.env.backends.kubernetes import objects as objs
+from orchard.env.backends.kubernetes.backend import KubernetesBackend
+from orchard.env.backends.kubernetes.objects import KubernetesOptions
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
     AdmissionDenied,
@@ -88,7 +89,7 @@ async def cluster() -> AsyncIterator[AsyncClient]:
     except ApiError as e:
         if e.status.code != 404:
             raise
-        await client.create(Namespace.from_dict({"metadata": {"name": NAMESPACE}}))
+        await client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
     try:
         yield client
     finally:
@@ -115,7 +116,7 @@ async def test_objects_are_accepted_by_the_api_server(cluster: AsyncClient, imag
     from lightkube import codecs
 
     from orchard.env.backends.base import SandboxSpec
-    from orchard.env.network import ResolvedAllow
+    from orchard.env.backends.network import ResolvedAllow
 
     opts = options(node_selector={"kubernetes.io/os": "linux"}, priority_class=None)
     sp = SandboxSpec(
@@ -206,19 +207,17 @@ async def test_admission_and_quota_refusals_keep_stable_codes(
 ) -> None:
     """What only a real API server does: Pod Security denying the pod (403
     admission_denied) and a ResourceQuota exhausted (429 quota_exceeded), nothing left."""
+    from lightkube.models.core_v1 import ResourceQuotaSpec
     from lightkube.resources.core_v1 import ResourceQuota
 
     strict, full = f"{NAMESPACE}-restricted", f"{NAMESPACE}-quota"
-    made = [
-        Namespace.from_dict({"metadata": {"name": strict, "labels": {
-            "pod-security.kubernetes.io/enforce": "restricted"}}}),
-        Namespace.from_dict({"metadata": {"name": full}}),
-    ]  # fmt: skip
-    for ns in made:
+    made = {strict: {"pod-security.kubernetes.io/enforce": "restricted"}, full: {}}
+    for name, labels in made.items():
         with contextlib.suppress(ApiError):
-            await cluster.create(ns)
-    quota = ResourceQuota.from_dict(
-        {"metadata": {"name": "none", "namespace": full}, "spec": {"hard": {"pods": "0"}}}
+            await cluster.create(Namespace(metadata=ObjectMeta(name=name, labels=labels)))
+    quota = ResourceQuota(
+        metadata=ObjectMeta(name="none", namespace=full),
+        spec=ResourceQuotaSpec(hard={"pods": "0"}),
     )
     with contextlib.suppress(ApiError):
         await cluster.create(quota)
@@ -232,6 +231,6 @@ async def test_admission_and_quota_refusals_keep_stable_codes(
             finally:
                 await svc.stop(delete_created=True)
     finally:
-        for ns in made:
+        for name in made:
             with contextlib.suppress(ApiError):
-                await cluster.delete(Namespace, ns.metadata.name)  # type: ignore[union-attr]
+                await cluster.delete(Namespace, name)

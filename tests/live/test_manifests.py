@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from orchard.env.backends import k8s_objects as objs
-from orchard.env.backends.k8s_objects import KubernetesOptions
+from orchard.env.backends.kubernetes import objects as objs
+from orchard.env.backends.kubernetes.objects import KubernetesOptions
 from tests.kubernetes.test_k8s_objects import spec, validate
 from tests.live.conftest import Deployed, kubectl
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from orchard.env.config import ServiceConfig
@@ -183,11 +183,13 @@ raw_lines = st.lists(
 
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(lines=raw_lines, tail=st.binary(max_size=200))
+@example(lines=[b"POST /exec HTTP/1.0"], tail=b"")  # answered in 1.0 (CI found it once)
 def test_malformed_http(agent: Agent, lines: list[bytes], tail: bytes) -> None:
     out = agent.raw(b"\r\n".join(lines) + b"\r\n\r\n" + tail)
     if out:
         status = out.split(b"\r\n", 1)[0]
-        assert status.startswith(b"HTTP/1.1 "), out[:200]
+        # Go's server answers in the request's version: HTTP/1.0 for a 1.0 request line
+        assert status.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")), out[:200]
         code = int(status.split()[1])
         # 501: a transfer coding it does not implement, 505: an HTTP version it does not speak
         # (both RFC 9112 answers from Go's server, not failures of the agent)

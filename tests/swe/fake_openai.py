@@ -72,7 +72,7 @@ class FakeOpenAIServer:
                 reply = server._next(body, dict(self.headers))
                 time.sleep(reply.delay_s)
                 if reply.status != 200:
-                    payload = {"error": {"message": f"scripted {reply.status}"}}
+                    payload: dict[str, Any] = {"error": {"message": f"scripted {reply.status}"}}
                 else:
                     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
                     if reply.tool_calls:

@@ -3,8 +3,9 @@
 Real sandboxes on docker and local. The set-up makes a virtualenv the task's tests run from
 (so grading is only right if the set-up ran) and writes a random token (so copies of one
 set-up are told apart from separate set-ups). The fallback runs on a real docker backend
-whose snapshot support is taken away: the service answers it `501 not_supported`, as it
-does on kubernetes.
+whose snapshot support is taken away: the service answers it `501 not_supported`, as a
+backend without snapshots does. The same fork path on a real cluster:
+tests/live/test_k8s_swe_fork.py.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ REPLAY = f"replay:{SAMPLE_DIR / 'trajectories'}"
 
 def docker_without_snapshots(config: ServiceConfig) -> Any:
     """The real docker backend, minus its snapshot support (the service then answers 501)."""
-    from orchard.env.backends.docker import DockerBackend
+    from orchard.env.backends.docker.backend import DockerBackend
     from orchard.env.backends.factories import _agent_binary
 
     class NoSnapshots(DockerBackend):
@@ -112,7 +113,10 @@ def test_a_forked_attempt_is_graded_as_a_fresh_one(client: Orchard, task: Task) 
     assert not grade(client, bare, Prediction(IID, task.patch), labels=LABELS).resolved
 
 
-def _distill(client: Orchard, task: Task, out: Path, **opts: Any) -> tuple[Preparer, list[Any]]:
+def distill_with_preparer(
+    client: Orchard, task: Task, out: Path, **opts: Any
+) -> tuple[Preparer, list[Any]]:
+    """`runner.distill -k 2` of `task` with the replayed model; the Preparer it used."""
     made: list[Preparer] = []
     real = runner._preparer
 
@@ -126,7 +130,7 @@ def _distill(client: Orchard, task: Task, out: Path, **opts: Any) -> tuple[Prepa
     try:
         rows = runner.distill(client, [task], factory, config, out, k=2, workers=2, **opts)
     finally:
-        runner._preparer = orig  # type: ignore[assignment]
+        runner._preparer = orig
     return made[0], rows
 
 
@@ -134,10 +138,10 @@ def _distill(client: Orchard, task: Task, out: Path, **opts: Any) -> tuple[Prepa
 def test_distill_sets_a_task_up_once_for_all_its_attempts(
     client: Orchard, task: Task, tmp_path: Path
 ) -> None:
-    prep, rows = _distill(client, task, tmp_path)
+    prep, rows = distill_with_preparer(client, task, tmp_path)
     assert [r["verify_status"] for r in rows] == ["RESOLVED_FULL"] * 2
     assert prep.setups == {IID: 1} and prep.copies == 3  # 2 agents + 2 gradings, 1 set-up
-    _, fresh = _distill(client, task, tmp_path / "fresh", fork=False)
+    _, fresh = distill_with_preparer(client, task, tmp_path / "fresh", fork=False)
     assert [r["verify_status"] for r in fresh] == ["RESOLVED_FULL"] * 2
 
 
@@ -150,7 +154,7 @@ def test_without_snapshots_each_attempt_sets_itself_up(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with embedded_client(pytestconfig, agent_binary, "orch-nosnap-", NO_SNAPSHOTS) as c:
-        prep, rows = _distill(c, task, tmp_path)
+        prep, rows = distill_with_preparer(c, task, tmp_path)
         assert [r["verify_status"] for r in rows] == ["RESOLVED_FULL"] * 2
         assert prep.setups == {IID: 4} and prep.copies == 0 and not prep.fork
         assert c.sandboxes.list() == []

@@ -37,7 +37,7 @@ def test_one_task_with_the_deterministic_model(
         "git diff -- semverlite > patch.txt",
         "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat patch.txt",
     ]
-    model = DeterministicModel(
+    model = DeterministicModel(  # type: ignore[no-untyped-call]  # mini-swe-agent: no annotations
         outputs=[make_output(f"step {i}", [{"command": c}]) for i, c in enumerate(commands)],
         observation_template=config["model"]["observation_template"],
     )

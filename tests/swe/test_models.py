@@ -4,12 +4,14 @@ harness driven by it in tool-calling and text modes in real sandboxes."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
 from orchard import Orchard
-from orchard.agents.llm import ModelError, OpenAIModel
+from orchard.llm.client import ModelError, OpenAIModel
 from orchard.swe.grading import Prediction, grade
 from orchard.swe.harness import SandboxEnv, load_config, run_agent
 from orchard.swe.tasks import Task
@@ -17,7 +19,13 @@ from orchard.swe.trajectory import SweTrajectory
 
 from .fake_openai import FakeOpenAIServer, Reply, tool_call
 
-FAST = {"backoff_s": 0.01, "backoff_cap_s": 0.05}
+
+class _Fast(TypedDict):
+    backoff_s: float
+    backoff_cap_s: float
+
+
+FAST: _Fast = {"backoff_s": 0.01, "backoff_cap_s": 0.05}
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat patch.txt"
 
 
@@ -169,3 +177,21 @@ def test_token_limit_stops_the_run(swe_client: Orchard, swe_tasks: list[Task]) -
     with FakeOpenAIServer([reply] * 5) as srv, swe_client.sandboxes.create(t.image) as sb:
         traj = run_agent(t, OpenAIModel(srv.base_url), SandboxEnv(sb, t.workdir), config)
     assert traj.exit_status == "LimitsExceeded" and len(traj.steps) == 1
+
+
+def test_a_stop_ends_the_run_before_its_next_step(
+    swe_client: Orchard, swe_tasks: list[Task]
+) -> None:
+    """A batch's Ctrl-C sets `stop` while a step runs: that step ends, no further one."""
+    t = _task(swe_tasks, "textkit")
+    stop = threading.Event()
+
+    def reply(body: dict[str, object]) -> Reply:
+        stop.set()  # Ctrl-C arrives while the model thinks
+        return Reply(content="```bash\ntrue\n```")
+
+    config, _ = load_config(step_limit=50)
+    with FakeOpenAIServer(reply) as srv, swe_client.sandboxes.create(t.image) as sb:
+        env = SandboxEnv(sb, t.workdir)
+        traj = run_agent(t, OpenAIModel(srv.base_url), env, config, stop=stop)
+    assert traj.exit_status == "Interrupted" and len(traj.steps) == 1

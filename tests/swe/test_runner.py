@@ -10,11 +10,13 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
-import datasets
+import datasets  # type: ignore[import-untyped]
+import pytest
 
 from orchard import Orchard
-from orchard.agents.family import get_family
+from orchard.families.registry import get_family
 from orchard.swe.harness import load_config
 from orchard.swe.runner import distill, model_factory, run_batch
 from orchard.swe.tasks import SAMPLE_DIR, Task
@@ -81,7 +83,7 @@ def test_distill_writes_a_training_set(
     assert again == rows
 
 
-def _cli(*args: str, url: str, **kw: object) -> subprocess.Popen[str]:
+def _cli(*args: str, url: str, **kw: Any) -> subprocess.Popen[str]:
     env = {**os.environ, "ORCHARD_URL": url, "COLUMNS": "120"}
     return subprocess.Popen(
         [sys.executable, "-m", "orchard.cli", "swe", *args],
@@ -89,7 +91,7 @@ def _cli(*args: str, url: str, **kw: object) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        **kw,  # type: ignore[call-overload]
+        **kw,
     )
 
 
@@ -138,6 +140,11 @@ def test_ctrl_c_cleans_up_sandboxes(
             assert time.monotonic() < deadline, "the run never started its sandboxes"
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"the run went on for 60 s after Ctrl-C; its stderr:\n{err[-3000:]}")
     assert proc.returncode == 130
     assert swe_client.sandboxes.list(labels=mine) == []

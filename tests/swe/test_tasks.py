@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import datasets
-import pyarrow as pa
-import pyarrow.parquet as pq
+import datasets  # type: ignore[import-untyped]
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 from orchard.swe.images import commit_hash
@@ -97,7 +97,7 @@ SWE_SMITH = {
     "base_commit": "1fd52536",
     "problem_statement": "OAuth1 Client fails to sign with RSA...",
 }
-ROWS = [VERIFIED, SWE_GYM, SWE_REBENCH, SWE_SMITH]
+ROWS: list[dict[str, Any]] = [VERIFIED, SWE_GYM, SWE_REBENCH, SWE_SMITH]
 
 
 def _check(tasks: list[Task]) -> None:

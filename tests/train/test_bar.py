@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 import torch
@@ -238,7 +238,7 @@ def test_fill_batch_bounded_and_async() -> None:
     short = fill_batch(_pool([0.0], seed=2), BARConfig(), n_groups=2, max_tasks=5)
     assert short.groups == [] and short.tasks_drawn == 5 and short.dropped == {"zero_std": 5}
 
-    def adraw() -> Callable[[int], object] | None:
+    def adraw() -> Callable[[int], Awaitable[list[E]]] | None:
         inner = sync_draw()
         if inner is None:
             return None
@@ -249,5 +249,5 @@ def test_fill_batch_bounded_and_async() -> None:
         return gen
 
     sync_draw = _pool([0.5], seed=3)
-    res = asyncio.run(fill_batch_async(adraw, BARConfig(), n_groups=3, concurrency=4))  # type: ignore[arg-type]
+    res = asyncio.run(fill_batch_async(adraw, BARConfig(), n_groups=3, concurrency=4))
     assert len(res.groups) == 3 and all(group_drop_reason(g.group) is None for g in res.groups)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # type: ignore[import-untyped]
 
 from orchard import Orchard
 from orchard.swe.harness import AgentConfig, load_config
@@ -71,6 +72,14 @@ def test_grpo_two_steps_with_bar(
     assert sum(stats.dropped.values()) == stats.replaced
     logged = [h for h in metrics["log_history"] if "reward" in h]
     assert len(logged) == 2 and all(-1.0 <= h["reward"] <= 1.0 for h in logged)
+    # TensorBoard by default (TRL's report_to): reward and BAR's rollout counts per step
+    [events] = (tmp_path / "grpo").glob("runs/*/events.out.tfevents.*")
+    acc = EventAccumulator(str(events.parent))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/reward", "train/bar/tasks", "train/bar/episodes"} <= tags, tags
+    assert [e.step for e in acc.Scalars("train/reward")] == [1, 2]
+    assert acc.Scalars("train/bar/episodes")[-1].value == stats.episodes
     # the last step's groups: exactly N rows each, masks aligned with the tokens
     assert rollout.results and all(len(r.group) == 2 for r in rollout.results)
     for res in rollout.results:

@@ -9,7 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+from typer.testing import CliRunner
+
 from orchard import Orchard
+from orchard.cli import app
 from orchard.swe.annotate import annotate_tests
 from orchard.swe.tasks import SAMPLE_DIR, Task
 from orchard.train.credit import CreditConfig, RuleJudge, assign_credit
@@ -90,14 +94,25 @@ def test_cli_sft_data_annotates_then_cuts_at_the_critical_edit(
     assert data["turns_by_reason"]["dropped_after_critical"] > 0
 
 
-def test_cli_sft_data_then_sft(tiny_dir: Path, tmp_path: Path) -> None:
+def run_cli_here(*args: str) -> dict[str, Any]:
+    """`orchard train ... --json` in this process: the same typer app as the console script,
+    without a fresh interpreter importing torch and transformers for each command."""
+    result = CliRunner().invoke(app, ["train", *args, "--json"])
+    assert result.exit_code == 0, (result.stderr or result.output)[-3000:]
+    return dict(json.loads(result.stdout))
+
+
+def test_cli_sft_data_then_sft(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
     rows = [regressing().to_json(), text_trajectory().to_json(), tool_trajectory().to_json()]
     src = tmp_path / "trajs.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     swe_file = SAMPLE_DIR / "trajectories" / "orchard-samples__textkit-1.json"
-    data = run_cli(
+    data = run_cli_here(
         "sft-data", str(src), str(swe_file), "--tokenizer", str(tiny_dir),
-        "--judge", "rule", "--out", str(tmp_path / "sft"), cwd=tmp_path,
+        "--judge", "rule", "--out", str(tmp_path / "sft"),
     )  # fmt: skip
     # resolved: text_trajectory; regressing: cut (3 of 5 turns); tool_trajectory and the
     # ungraded swe recording carry no test records: no critical mistake found, kept whole
@@ -106,10 +121,9 @@ def test_cli_sft_data_then_sft(tiny_dir: Path, tmp_path: Path) -> None:
     assert data["turns_by_reason"]["dropped_after_critical"] == 2
     assert (tmp_path / "sft" / "chat.jsonl").read_text().count("\n") == 4
     assert json.loads((tmp_path / "sft" / "report.json").read_text())["samples"] == 4
-    res = run_cli(
+    res = run_cli_here(
         "sft", "--model", str(tiny_dir), "--data", str(tmp_path / "sft" / "dataset"),
         "--out", str(tmp_path / "ckpt"), "--max-steps", "1", "--max-length", "1024",
-        cwd=tmp_path,
     )  # fmt: skip
     assert res["global_step"] == 1 and Path(res["final"]).is_dir()
 

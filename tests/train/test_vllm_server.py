@@ -97,7 +97,8 @@ def test_a_process_without_the_client_opens_its_own(
         out = gen.generate(tokenizer.encode("hello"), 5)
         assert 0 < len(out.ids) <= 5 and len(out.logprobs) == len(out.ids)
         assert trainer.vllm_generation.vllm_client is gen.client  # kept for the next steps
-        assert trainer_generator(trainer, tokenizer).client is gen.client
+        again = trainer_generator(trainer, tokenizer)
+        assert isinstance(again, VLLMServerGenerator) and again.client is gen.client
     assert server.requests["/v1/completions"] == 1 and server.completions[0]["seed"] == 3
     assert "/init_weight_transfer_engine" not in server.requests
 

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Build Orchard's two cluster images offline, into the local Docker engine, and print their
+# Build Orchard's cluster images offline, into the local Docker engine, and print their
 # tags (one a line). No registry and no base image pull:
 #   orchard/agent-injector:TAG  FROM scratch: the static agent + the tiny copier, docker import
+#   orchard/node:TAG            FROM scratch: the node helper (the DaemonSet), docker import
+#   orchard/registry:TAG        FROM scratch: the in-cluster registry (distribution v3, built
+#                               from the Go module proxy once per version) + its gate
+#                               (registry/build.sh)
 #   orchard/service:TAG         a Debian minbase rootfs made by mmdebstrap (from the host's own
 #                               apt sources) + a virtualenv installed from a wheelhouse built
 #                               on this host
@@ -37,6 +41,20 @@ if [ "$(current "$injector")" != "$key" ]; then
 fi
 echo "$injector"
 
+# --- the node helper ------------------------------------------------------------------------
+# FROM scratch too: one static binary (node/, standard library only), run by the DaemonSet.
+node="orchard/node:$TAG"
+key="$(hash_of node)"
+if [ "$(current "$node")" != "$key" ]; then
+  log "building $node"
+  mkdir -p "$tmp/node"
+  (cd node && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/node/orchard-node" .)
+  tar -C "$tmp/node" --owner=0 --group=0 -c orchard-node |
+    docker import -c 'USER 0:0' -c 'ENTRYPOINT ["/orchard-node"]' \
+      -c "LABEL orchard.build=$key" - "$node" >/dev/null
+fi
+echo "$node"
+
 # --- the service ----------------------------------------------------------------------------
 service="orchard/service:$TAG"
 extras=kubernetes
@@ -45,7 +63,12 @@ base="$("$PY" -m orchard.env.images debian-python -p python3-venv -p ca-certific
 key="$(hash_of src pyproject.toml README.md LICENSE)-$base-$extras"
 if [ "$(current "$service")" != "$key" ]; then
   log "building $service (wheelhouse from this tree, then a venv in $base)"
-  "$PY" -m pip wheel -q --wheel-dir "$tmp/ctx/wheels" ".[$extras]" >"$tmp/wheel.log" 2>&1 || {
+  # From a clean copy: setuptools' build/lib in the tree keeps files since moved or deleted
+  # (a stale module would shadow its new package), and two builds at once would share it.
+  mkdir -p "$tmp/tree"
+  cp -r src pyproject.toml README.md LICENSE "$tmp/tree/"
+  find "$tmp/tree" -name __pycache__ -prune -exec rm -rf {} +
+  "$PY" -m pip wheel -q --wheel-dir "$tmp/ctx/wheels" "$tmp/tree[$extras]" >"$tmp/wheel.log" 2>&1 || {
     cat "$tmp/wheel.log" >&2; exit 1; }
   cat >"$tmp/ctx/Dockerfile" <<EOF
 FROM $base
@@ -65,3 +88,6 @@ EOF
     cat "$tmp/build.log" >&2; exit 1; }
 fi
 echo "$service"
+
+# --- the in-cluster registry ----------------------------------------------------------------
+bash "$ROOT/deploy/kubernetes/images/registry/build.sh" "$TAG"

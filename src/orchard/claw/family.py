@@ -7,11 +7,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchard.agents.family import RolloutOptions, Rollouts, register
-from orchard.agents.judges import Judge
 from orchard.claw.judge import rubric_judge
 from orchard.claw.spec import TaskSpec
 from orchard.claw.tasks import select_tasks
+from orchard.families.registry import RolloutOptions, Rollouts, register
+from orchard.llm.judges import Judge
 
 if TYPE_CHECKING:
     from orchard.env.sdk import Orchard

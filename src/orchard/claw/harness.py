@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from orchard.agents.llm import ChatModel, Completion, Mode, TokenUsage, truncate_output
 from orchard.claw.spec import TaskSpec
 from orchard.claw.usersim import SimulatedUser, UserModelFactory, make_user
 from orchard.claw.world import HOME
+from orchard.llm.client import ChatModel, Completion, Mode, TokenUsage, truncate_output
 
 FORMAT = "orchard-claw-trajectory/1"
 HarnessKind = Literal["tools", "assistant"]

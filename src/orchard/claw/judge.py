@@ -1,6 +1,6 @@
 """The LLM rubric judge of Claw: a yes/no question about a trial, asked of a model.
 
-A rubric item of kind "llm" is scored by a `RubricJudge` (`orchard.agents.judges.Judge`
+A rubric item of kind "llm" is scored by a `RubricJudge` (`orchard.llm.judges.Judge`
 over a question and the trial's `JudgeContext`); without one, or when it fails, the item
 has no score. `LLMRubricJudge` asks any OpenAI-compatible endpoint and caches verdicts.
 """
@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from orchard.agents.judges import Judge
-from orchard.agents.llm import ChatModel, OpenAIModel
 from orchard.claw.spec import TaskSpec
+from orchard.llm.client import ChatModel, OpenAIModel
+from orchard.llm.judges import Judge
 
 
 @dataclass
@@ -86,7 +86,7 @@ def judge_messages(question: str, ctx: JudgeContext, limit: int = 24_000) -> lis
 
 
 class LLMRubricJudge:
-    """A judge behind an OpenAI-compatible endpoint (`orchard.agents.llm.OpenAIModel`).
+    """A judge behind an OpenAI-compatible endpoint (`orchard.llm.client.OpenAIModel`).
 
     Verdicts are cached on disk keyed by a hash of the model name and the request, so
     re-grading a run costs nothing and gives the same answer."""

@@ -40,6 +40,7 @@ class ClawEpisodeResult(EpisodeResult):
 
     score: float = 0.0
     grade: dict[str, Any] = field(default_factory=dict)
+    sandbox_id: str | None = None  # the world's sandbox the episode ran in
 
 
 @dataclass
@@ -89,6 +90,7 @@ class ClawRolloutRunner:
             time.monotonic() - start,
             g.score,
             g.to_dict(),
+            t.sandbox_id,
         )
         reward = None if outcome is Outcome.ABORTED else self.reward_of(g.score, g.passed)
         return Episode(reward, result.record.policy_tokens, outcome, result)

@@ -10,7 +10,8 @@ time.
 Layout of `out/`:
     results.jsonl                    one line per finished trial: its grade and stats
     <task>/trial-<j>.traj.json       the trajectory (`harness.ClawTrajectory`)
-    <task>/trial-<j>.world.json      the audit log and final state it was graded from
+    <task>/trial-<j>.world.json      the audit log and final state it was graded from, and
+                                     the id of the world's sandbox it ran in
     summary.json                     pass@k, pass^k, mean score, per-category table
 """
 
@@ -24,9 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchard.agents.factory import model_factory as shared_factory
-from orchard.agents.llm import ChatModel
-from orchard.agents.runs import Run, run_pool
 from orchard.claw.grading import Grade, grade
 from orchard.claw.harness import (
     FINISHED,
@@ -41,6 +39,9 @@ from orchard.claw.harness import (
 from orchard.claw.judge import RubricJudge
 from orchard.claw.metrics import summarize
 from orchard.claw.spec import Fault, TaskSpec
+from orchard.families.runs import Run, run_pool
+from orchard.llm.client import ChatModel
+from orchard.llm.factory import model_factory as shared_factory
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -58,6 +59,7 @@ class Trial:
     grade: Grade
     audit: list[dict[str, Any]]
     state: dict[str, Any]
+    sandbox_id: str | None = None  # the world's sandbox the trial ran in
 
 
 def prepare(world: World, spec: TaskSpec) -> None:
@@ -84,7 +86,7 @@ def play(
     traj = run_episode(spec, model, world, config, tools=tools, path=path, on_message=on_message)
     audit, state = world.audit(), world.state()
     g = grade(spec, audit, state, traj.answer, traj.messages, judge)
-    return Trial(traj, g, audit, state)
+    return Trial(traj, g, audit, state, world.sandbox.id)
 
 
 class WorldPool:
@@ -181,6 +183,7 @@ def result_row(spec: TaskSpec, j: int, model_name: str, t: Trial) -> dict[str, A
         "items": [{"id": i.id, "ok": i.ok, "reason": i.reason} for i in g.items],
         "exit_status": t.trajectory.exit_status,
         "error": t.trajectory.error,
+        "sandbox_id": t.sandbox_id,
         **t.trajectory.stats(),
     }
 
@@ -256,7 +259,8 @@ def run_trials(
                 return row
             if run.stop.is_set():
                 return row
-            world_path.write_text(json.dumps({"audit": t.audit, "state": t.state}, default=str))
+            record = {"audit": t.audit, "state": t.state, "sandbox_id": t.sandbox_id}
+            world_path.write_text(json.dumps(record, default=str))
             with lock, (out / RESULTS).open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
             return row
@@ -294,7 +298,7 @@ def regrade(
         traj = ClawTrajectory.load(traj_path)
         world = json.loads(world_path.read_text())
         g = grade(spec, world["audit"], world["state"], traj.answer, traj.messages, judge)
-        t = Trial(traj, g, world["audit"], world["state"])
+        t = Trial(traj, g, world["audit"], world["state"], world.get("sandbox_id"))
         rows.append(result_row(spec, old["trial"], old["model"], t))
     _write_results(out, rows)
     return write_summary(out, k, [r for r in rows if r["trial"] < k])

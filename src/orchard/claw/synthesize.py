@@ -30,8 +30,8 @@ from orchard.claw.spec import SERVICES, TaskSpec, validate_spec
 from orchard.claw.tasks import run_null, run_reference
 
 if TYPE_CHECKING:
-    from orchard.agents.llm import ChatModel
     from orchard.claw.tasks import ToolWorld
+    from orchard.llm.client import ChatModel
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)

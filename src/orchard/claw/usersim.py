@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from orchard.agents.factory import model_factory
-from orchard.agents.llm import ChatModel
 from orchard.claw.spec import USER_STOP, TaskSpec, UserSim
+from orchard.llm.client import ChatModel
+from orchard.llm.factory import model_factory
 
 # The first thing the LLM user reads: the assistant's greeting, so its view starts with a
 # `user` turn (strict chat templates require it) and its own request answers it.

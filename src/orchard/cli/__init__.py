@@ -1,8 +1,9 @@
 """`orchard` command line: run the service, create, use and clean up sandboxes, and drive
 the task families (`swe`, `gui`, `claw`) and training (`train`).
 
-One module per command group (`sandbox`, `volume`, `serve`, `swe`, `gui`, `claw`, `train`), what
-they share in `_common`. Commands import the libraries; no library imports a command.
+One module per command group (`sandbox`, `volume`, `serve`, `swe`, `gui`, `claw`, `train`,
+`dashboard`), what they share in `_common`. Commands import the libraries; no library
+imports a command.
 Every command takes `--json` (machine-readable output only, on stdout). Errors print one
 line, `error: <code>: <message>`, on stderr and exit non-zero; never a traceback.
 """
@@ -17,6 +18,7 @@ import typer
 
 from orchard.cli._common import Connection, err, examples
 from orchard.cli.claw import claw_app
+from orchard.cli.dashboard import dashboard_app
 from orchard.cli.gui import gui_app
 from orchard.cli.pool import pool_app
 from orchard.cli.sandbox import sandbox_app
@@ -47,6 +49,7 @@ app = typer.Typer(
 )
 app.add_typer(serve_app)  # `orchard serve`: a command of the root, not a group
 app.add_typer(usage_app)  # `orchard usage`
+app.add_typer(dashboard_app)  # `orchard dashboard --runs DIR`
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(volume_app, name="volume")

@@ -55,8 +55,11 @@ def write_eval_log(out: Path, family: str) -> Path | None:
     return path
 
 
-def export_log_command(family: str) -> Callable[[Path, Path | None], None]:
-    """The `export-log` command of `family`'s CLI."""
+def export_log_command(
+    family: str, source: str | None = None
+) -> Callable[[Path, Path | None], None]:
+    """The `export-log` command of `family`'s CLI (`source`: the command that made the
+    folder, default `orchard FAMILY run`)."""
 
     def export_log_cmd(run_dir: RunDirArg, out: LogOutOpt = None) -> None:
         from orchard.integrations.inspect_log import export_log
@@ -71,7 +74,7 @@ def export_log_command(family: str) -> Callable[[Path, Path | None], None]:
         err.print(_hint(path), markup=False, soft_wrap=True)
 
     export_log_cmd.__doc__ = (
-        f"Convert an `orchard {family} run` folder into an Inspect log (.eval) for "
+        f"Convert an `{source or f'orchard {family} run'}` folder into an Inspect log (.eval) for "
         "`inspect view`: one sample per attempt, transcript, score and metadata."
     )
     return export_log_cmd

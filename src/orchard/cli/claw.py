@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from orchard.agents.family import get_family
 from orchard.cli._common import (
     JsonOpt,
     LabelOpt,
@@ -25,6 +24,7 @@ from orchard.cli._common import (
 )
 from orchard.cli._common import out as console
 from orchard.cli._eval_log import NoEvalLogOpt, export_log_command, write_eval_log
+from orchard.families.registry import get_family
 
 if TYPE_CHECKING:
     from orchard.claw.spec import TaskSpec
@@ -139,7 +139,8 @@ def run(
     no_eval_log: NoEvalLogOpt = False,
 ) -> None:
     """Run k graded trials of every task; writes results.jsonl, trajectories, summary.json
-    and the run as an Inspect log (run.eval)."""
+    and the run as an Inspect log (run.eval). Exits 1 when a trial broke on infrastructure
+    (a model endpoint or sandbox that failed): the same command runs those again."""
     from orchard.claw.harness import HarnessConfig
     from orchard.claw.judge import rubric_judge
     from orchard.claw.runner import model_factory, run_trials
@@ -172,6 +173,14 @@ def run(
     if not no_eval_log:
         write_eval_log(out, "claw")
     _print_summary(summary, as_json)
+    if summary.get("errors"):  # a script must see that the run is not complete
+        n = len(summary["errors"])
+        err.print(
+            f"error: {n} trial(s) broke on infrastructure and were not graded; "
+            "the same command runs them again",
+            markup=False,
+        )
+        raise typer.Exit(1)
 
 
 @claw_app.command("eval")
@@ -348,9 +357,9 @@ def synthesize(
     as_json: JsonOpt = False,
 ) -> None:
     """Draft task specs with an LLM; keep those whose reference passes and null policy fails."""
-    from orchard.agents.llm import OpenAIModel
     from orchard.claw.synthesize import synthesize as run_synthesis
     from orchard.claw.world import World
+    from orchard.llm.client import OpenAIModel
 
     shown = select_tasks(examples)
     drafter = OpenAIModel(

@@ -11,10 +11,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchard.agents.family import get_family
 from orchard.cli._common import JsonOpt, ModelNameOpt, bad_request, connect, fail, print_table
 from orchard.cli._common import out as console
 from orchard.cli._eval_log import NoEvalLogOpt, export_log_command, write_eval_log
+from orchard.families.registry import get_family
 
 if TYPE_CHECKING:
     from orchard.gui.types import Judge, WebTask

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from orchard.cli._common import JsonOpt, connect, examples, out, print_json, print_table
-from orchard.env.pool_models import Pool
+from orchard.env.models.pool import Pool
 
 pool_app = typer.Typer(
     help="Warm pools: ready sandboxes, claimed in milliseconds by `sandbox create --pool`.",

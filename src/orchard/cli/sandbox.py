@@ -87,7 +87,7 @@ def create(
     json_out: JsonOpt = False,
 ) -> None:
     """Create sandboxes; prints their ids (one per line)."""
-    from orchard.env._sdk_core import CreateOptions
+    from orchard.env.sdk import CreateOptions
 
     opts: CreateOptions = {
         "env": pairs(env, "--env"),
@@ -286,7 +286,7 @@ def exec_(
     json_out: JsonOpt = False,
 ) -> None:
     """Run a command, streaming its output; exits with the command's exit code."""
-    from orchard.env._sdk_core import ExecOptions
+    from orchard.env.sdk import ExecOptions
 
     opts: ExecOptions = {"cwd": cwd, "env": pairs(env, "--env"), "user": user}
     if timeout is not None:

@@ -20,6 +20,7 @@ serve_app = typer.Typer()
         "ORCHARD_API_KEYS=alice:s3cret,ops:t0ps orchard serve --operator ops",
         "orchard serve --limits limits.yaml     # per-key quotas (docs/security.md)",
         "orchard serve --backend local --local-runtime runc  # memory snapshots (CRIU)",
+        "orchard serve --tls-cert cert.pem --tls-key key.pem  # HTTPS (docs/e2b.md)",
     )
 )
 def serve(
@@ -60,6 +61,11 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    tls_cert: Annotated[
+        str | None,
+        typer.Option(help="Serve HTTPS with this PEM certificate (chain); needs --tls-key."),
+    ] = None,
+    tls_key: Annotated[str | None, typer.Option(help="The PEM private key of --tls-cert.")] = None,
     log_level: Annotated[
         str, typer.Option(help="uvicorn log level (no level logs an API key).")
     ] = "info",
@@ -78,6 +84,14 @@ def serve(
         if operator:
             env["ORCHARD_OPERATORS"] = ",".join(operator)
         config = ServiceConfig.from_env(env, backend=backend, local_runtime=local_runtime)
-        run_service(config, host=host, port=port, uds=uds, log_level=log_level)
+        run_service(
+            config,
+            host=host,
+            port=port,
+            uds=uds,
+            log_level=log_level,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+        )
     except ConfigError as exc:
         fail("bad_request", str(exc))

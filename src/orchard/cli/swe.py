@@ -10,8 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from orchard.agents.family import get_family
 from orchard.cli._common import (
+    Connection,
     JsonOpt,
     LabelOpt,
     ModelNameOpt,
@@ -24,6 +24,7 @@ from orchard.cli._common import (
 )
 from orchard.cli._common import out as console
 from orchard.cli._eval_log import NoEvalLogOpt, export_log_command, write_eval_log
+from orchard.families.registry import get_family
 
 swe_app = typer.Typer(
     help="SWE-bench-style tasks: images, agent runs, grading, distillation.",
@@ -38,7 +39,11 @@ swe_app = typer.Typer(
 )
 TasksOpt = Annotated[
     str,
-    typer.Option("--tasks", help="`sample`, a .jsonl/.json/.parquet file or a datasets folder."),
+    typer.Option(
+        "--tasks",
+        help="`sample` (the toy suite), `real` (the shipped tasks from real PyPI projects), a "
+        ".jsonl/.json/.parquet file or a datasets folder.",
+    ),
 ]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Output folder (resumable).")]
 WorkersOpt = Annotated[int, typer.Option("--workers", "-w", min=1, help="Parallel instances.")]
@@ -80,6 +85,27 @@ def _load(tasks: str, instance: list[str] | None, setup: str | None = None) -> l
     return chosen
 
 
+def _images(ctx: typer.Context, chosen: list[Any]) -> None:
+    """With an in-process service (no --url, no ORCHARD_URL), build the images of sample and
+    synthesized rows that the local engine lacks, as `build-images` would; a remote service
+    has its own engine, so nothing is built for it."""
+    from orchard.env.images import ImageBuildError
+    from orchard.env.sdk.core import resolve_target
+    from orchard.swe.images import build_images, missing
+
+    conn = ctx.find_object(Connection) or Connection()
+    if resolve_target(conn.url, conn.api_key) is not None:
+        return
+    try:
+        todo = missing(chosen)
+    except (OSError, ImageBuildError):
+        return  # no local engine to ask: the service reports a missing image itself
+    if todo:
+        err.print(f"building {len({t.image for t in todo})} task image(s) ...", markup=False)
+        with bad_request(ImageBuildError, OSError, ValueError):
+            build_images(todo)
+
+
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
@@ -112,11 +138,14 @@ def _setup(mode: str, config: Path | None, step_limit: int | None) -> tuple[Any,
 def build_images(
     tasks: TasksOpt = "sample", instance: InstanceOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Build the sample tasks' images offline (cached by content; the first build takes minutes)."""
+    """Build the tasks' images offline (sample and synthesized rows, `real` included; cached by
+    content; the first build takes minutes)."""
+    from orchard.env.images import ImageBuildError
     from orchard.swe.images import build_images as build
 
     chosen = _load(tasks, instance)
-    tags = build(chosen, on_built=lambda iid, tag: err.print(f"{iid}: {tag}", markup=False))
+    with bad_request(ImageBuildError, ValueError):
+        tags = build(chosen, on_built=lambda iid, tag: err.print(f"{iid}: {tag}", markup=False))
     if as_json:
         sys.stdout.write(json.dumps(tags, indent=2) + "\n")
 
@@ -148,6 +177,7 @@ def run(
     chosen = _load(tasks, instance, setup)
     agent_cfg, model_cfg = _setup(mode, config, step_limit)
     factory = model_factory(model, name=model_name, mode=mode, params=model_cfg)
+    _images(ctx, chosen)
     with connect(ctx) as client:
         summary = run_batch(
             client,
@@ -185,6 +215,7 @@ def eval_(
     from orchard.swe.runner import evaluate
 
     chosen = _load(tasks, None, setup)
+    _images(ctx, chosen)
     with connect(ctx) as client:
         summary = evaluate(
             client,
@@ -222,6 +253,7 @@ def distill(
     chosen = _load(tasks, instance, setup)
     agent_cfg, model_cfg = _setup(mode, config, None)
     factory = model_factory(model, name=model_name, mode=mode, params=model_cfg)
+    _images(ctx, chosen)
     with connect(ctx) as client:
         rows = run_distill(
             client,
@@ -258,13 +290,15 @@ swe_app.command("export-log")(export_log_command("swe"))
 @swe_app.command(
     help="Synthesize SWE tasks from a real PyPI project's own test suite, offline.\n\n"
     "Downloads the sdist (pip, cached), builds its image from the Debian Python base (no "
-    "pulls), runs the suite twice and keeps the tests that pass both times (slow and flaky "
-    "ones are dropped), then applies SWE-smith's procedural modifiers to one function or "
-    "class at a time. A candidate is kept when some tests fail (FAIL_TO_PASS) and the rest "
-    "pass (PASS_TO_PASS), and the harness's own grading resolves its gold patch and not the "
-    "empty one. A second run with the same -o skips what is already decided. Problem "
-    "statements are written by the model at $ORCHARD_MODEL_URL ($ORCHARD_MODEL_NAME) when "
-    "set, else from a template over the failing tests; neither ever holds the patch.",
+    "pulls) with the test dependencies the sdist declares (or --test-deps) installed from"
+    " wheels pip downloads, runs the suite twice and keeps the tests that pass both times"
+    " (slow and flaky ones are dropped), then applies SWE-smith's procedural modifiers to"
+    " one function or class at a time. A candidate is kept when some tests fail "
+    "(FAIL_TO_PASS) and the rest pass (PASS_TO_PASS), and the harness's own grading "
+    "resolves its gold patch and not the empty one. A second run with the same -o skips "
+    "what is already decided. Problem statements are written by the model at "
+    "$ORCHARD_MODEL_URL ($ORCHARD_MODEL_NAME) when set, else from a template over the "
+    "failing tests; neither ever holds the patch.",
     epilog="[bold]Examples[/bold]\n\n"
     "  orchard swe synth more-itertools==11.2.1 --n 5 -o real/more-itertools.jsonl\n\n"
     "  orchard swe synth more-itertools==11.2.1 --n 20 --modifiers func_pm_op_change "
@@ -305,6 +339,14 @@ def synth(
             help="Start each candidate as a copy of the prepared sandbox (else a fresh one).",
         ),
     ] = True,
+    test_deps: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--test-deps",
+            help="A requirement the tests need, installed from a PyPI wheel (repeatable; "
+            "replaces what the sdist declares; `none`: install nothing).",
+        ),
+    ] = None,
     label: LabelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -345,6 +387,7 @@ def synth(
                 labels=labels(label),
                 model=model_from_env(),
                 progress=lambda c: bar.update(task, description=line(c)),
+                test_deps=None if test_deps is None else [d for d in test_deps if d != "none"],
             )
     summary = counts.summary()
     if as_json:
@@ -352,6 +395,8 @@ def synth(
         return
     if counts.notice:
         err.print(counts.notice, style="yellow", markup=False)
+    if counts.test_deps:
+        err.print(f"test dependencies (wheels): {' '.join(counts.test_deps)}", markup=False)
     table = Table(title=f"synth {spec} -> {out}")
     for col in ("modifier", "tried", "kept"):
         table.add_column(col, justify="right" if col != "modifier" else "left")

@@ -12,14 +12,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from orchard.agents.family import (
+from orchard.cli._common import JsonOpt, bad_request, connect, err, fail, labels, print_table
+from orchard.cli._eval_log import export_log_command
+from orchard.families.registry import (
     Family,
     RolloutOptions,
     UnknownFamily,
     family_names,
     get_family,
 )
-from orchard.cli._common import JsonOpt, bad_request, connect, err, fail, labels, print_table
 
 train_app = typer.Typer(
     help="Training: credit-assignment SFT data, SFT, and GRPO with Balanced Adaptive Rollout.",
@@ -207,6 +208,7 @@ def sft(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="JSON/YAML with more SFTRunConfig fields.")
     ] = None,
+    report_to: ReportToOpt = "tensorboard",
     as_json: JsonOpt = False,
 ) -> None:
     """Fine-tune with TRL's SFTTrainer; resumes from the last checkpoint in OUT.
@@ -222,11 +224,20 @@ def sft(
         "max_steps": max_steps,
         "learning_rate": lr,
         "max_length": max_length,
+        "report_to": report_to,
         **_overrides(config),
     }
     with _quiet_stdout():
         result = run_sft(SFTRunConfig(**fields))
     _emit(result, as_json, "SFT")
+
+
+ReportToOpt = Annotated[
+    str,
+    typer.Option(
+        "--report-to", help="TRL's report_to: tensorboard (OUT/runs), wandb, ..., or none."
+    ),
+]
 
 
 FamilyOpt = Annotated[
@@ -319,6 +330,7 @@ def grpo(
             help="Sample rollouts from this `trl vllm-serve` URL (TRL syncs the weights).",
         ),
     ] = None,
+    report_to: ReportToOpt = "tensorboard",
     as_json: JsonOpt = False,
 ) -> None:
     """GRPO with BAR on one family's tasks, episodes in Orchard sandboxes (ORCHARD_URL, or an
@@ -337,6 +349,7 @@ def grpo(
         "group_size": group_size,
         "max_samples": max_samples,
         "stride": stride,
+        "report_to": report_to,
         **_overrides(config),
     }
     if fork is not None:
@@ -368,3 +381,6 @@ def grpo(
     except RolloutFailed as e:  # every episode of a step failed: an infrastructure problem
         fail("rollout_failed", str(e))
     _emit(metrics, as_json, f"GRPO ({chosen.name})")
+
+
+train_app.command("export-log")(export_log_command("grpo", "orchard train grpo --out"))

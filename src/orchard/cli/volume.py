@@ -47,7 +47,7 @@ def list_(ctx: typer.Context, json_out: JsonOpt = False) -> None:
         return
     table = Table("NAME", "ID", "SIZE", "MOUNTED BY", "EXPIRES")
     for v in vols:
-        size = f"{v.size_bytes / (1 << 20):.1f} MiB"
+        size = f"{v.size_bytes / (1 << 20):.1f} MiB" if v.size_bytes is not None else "-"
         expires = v.expires_at.isoformat() if v.expires_at else ""
         table.add_row(v.name, v.id, size, " ".join(v.mounted_by), expires)
     print_table(table)

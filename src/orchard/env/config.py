@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchard.env.backends.runtimes import LOCAL_RUNTIMES
 from orchard.env.image_policy import DEFAULT_REGISTRIES, ImagePolicy
 from orchard.env.input_limits import MIN_CPU, MIN_DISK_BYTES, parse_size
 from orchard.env.limits import Limits
 
 DEFAULT_MAX_UPLOAD_BYTES = 1 << 30
-# The OCI runtimes of the local backend (backends/oci_runtime.py); auto: crun if installed.
-LOCAL_RUNTIMES = ("auto", "crun", "runc")
 
 
 class ConfigError(ValueError):

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+NOT_APPLIED = "Orchard-Not-Applied"
+
 
 class OrchardError(Exception):
     """Base of every error Orchard reports on purpose."""
 
     code: ClassVar[str] = "internal"
     status: ClassVar[int] = 500
+    # The service took no effect of the request: even a create may be resent. Sent as the
+    # NOT_APPLIED header, so a client can tell without parsing the body.
+    not_applied: ClassVar[bool] = False
 
     def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -150,6 +155,15 @@ class Unavailable(OrchardError):
     """Transient: the backend, the registry or the agent did not answer. Safe to retry."""
 
     code, status = "unavailable", 503
+
+
+class ServiceStopping(Unavailable):
+    """This replica is stopping and made nothing of the request (a create in flight was
+    undone): any call may be sent again, to another replica or once it is back."""
+
+    code = "service_stopping"
+    not_applied = True
+    UNDONE: ClassVar[str] = "the service is stopping: the create was undone"
 
 
 class RegistryUnavailable(Unavailable):

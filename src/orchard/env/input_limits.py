@@ -1,8 +1,8 @@
 """Bounds on what one create may carry (labels, env, sizes), kept in one place.
 
 Labels are stored with the sandbox and sent back on every list, so unbounded ones slowed
-every tenant (5 sandboxes with 10 MB of labels each took another tenant's list from 7 ms
-to over 350 ms: issue 17, hole 7); env is stored in the engine's container config. The
+every tenant (another tenant's list grew fifty-fold: issue 17, hole 7; docs/benchmarks.md);
+env is stored in the engine's container config. The
 defaults sit far above what the families and the 1,000-sandbox stress runs use. The
 per-key quotas (`max_label_bytes`, `max_env_bytes`) are meant to start from these values:
 read them here rather than copying numbers.
@@ -86,7 +86,7 @@ def check_env(env: M, limits: InputLimits = DEFAULT_LIMITS) -> M:
 def parse_size(value: str | int | None, what: str, minimum: int) -> int | None:
     """Bytes from an int or a string like '512m', '2g', '1.5GiB' (binary units).
 
-    The grammar of `memory` (service.parse_memory), for `disk`; raises ValueError."""
+    `memory` (sizing.parse_memory, 4 MiB least) and `disk`; raises ValueError."""
     if value is None:
         return None
     if isinstance(value, bool):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard.env import models as m
-from orchard.env import pool_models as pm
+from orchard.env.models import pool as pm
 
 # Every body the agent accepts or answers, by route (docs/agent-api.md).
 WIRE_MODELS: tuple[type[m.WireModel], ...] = (

@@ -22,8 +22,8 @@ from playwright.sync_api import BrowserContext, CDPSession, Frame, Page, Playwri
 from playwright.sync_api import Error as PlaywrightError
 
 from orchard import Orchard
-from orchard.env._sdk_core import auth_headers, sandbox_path
 from orchard.env.sdk import Sandbox
+from orchard.env.sdk.core import auth_headers, sandbox_path
 from orchard.gui import som
 from orchard.gui.actions import ActionError
 from orchard.gui.image import CHROMIUM_BIN
@@ -97,7 +97,7 @@ class Browser:
         self._active: Page | None = None
         self._process_id: str | None = None
         self._home: Page | None = None  # the tab kept across episodes
-        self._cdp: CDPSession | None = None  # attached to `_home` (attaching costs ~50 ms)
+        self._cdp: CDPSession | None = None  # attached to `_home` (attaching is slow)
         self._origins: set[str] = set()  # origins frames visited: their storage is cleared
         self.marks: list[Mark] = []
 

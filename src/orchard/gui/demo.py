@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from orchard.agents.llm import ChatModel, OpenAIModel
 from orchard.gui.harness import GuiAgentConfig, GuiStep, model_params, run_episode
 from orchard.gui.scripted import ScriptedModel as ScriptedModel
 from orchard.gui.scripted import UIPlanModel, load_ui_plans
 from orchard.gui.scripted import tool_message as tool_message
 from orchard.gui.som import draw_marks
 from orchard.gui.types import WebTask
+from orchard.llm.client import ChatModel, OpenAIModel
 
 if TYPE_CHECKING:
     from orchard.gui.browser_env import BrowserEnv

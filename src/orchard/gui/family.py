@@ -7,10 +7,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchard.agents.family import RolloutOptions, Rollouts, register
-from orchard.agents.judges import Judge
+from orchard.families.registry import RolloutOptions, Rollouts, register
 from orchard.gui.tasks import select_tasks
 from orchard.gui.types import WebTask
+from orchard.llm.judges import Judge
 
 if TYPE_CHECKING:
     from orchard.env.sdk import Orchard

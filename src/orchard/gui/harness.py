@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchard.agents.llm import ChatModel
 from orchard.gui.actions import ELEMENT_ACTIONS, TOOLS
 from orchard.gui.types import GRID, VIEWPORT, Observation, WebTask
+from orchard.llm.client import ChatModel
 
 if TYPE_CHECKING:
     from orchard.gui.browser_env import BrowserEnv
@@ -123,6 +123,8 @@ class GuiTrajectory:
     error: str | None = None
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
+    # the sandbox the episode ran in (its own field: `config` rebuilds a GuiAgentConfig)
+    sandbox_id: str | None = None
 
     @property
     def success(self) -> bool | None:
@@ -383,6 +385,7 @@ def run_episode(
     try:
         obs = env.reset(task)
         traj.start_url = obs.url
+        traj.sandbox_id = env.sandbox.id
         shot = keep(obs)
         last: tuple[dict[str, Any], GuiStep] | None = None
         done = False

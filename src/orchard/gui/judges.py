@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchard.agents.llm import ChatModel, Completion, ModelError, OpenAIModel
 from orchard.gui.types import Judge, JudgeInput, Verdict
+from orchard.llm.client import ChatModel, Completion, ModelError, OpenAIModel
 
 
 def image_part(png: bytes) -> dict[str, Any]:

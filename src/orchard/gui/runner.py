@@ -28,10 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 
-from orchard.agents.factory import model_factory as shared_factory
-from orchard.agents.factory import replay_from
-from orchard.agents.llm import ChatModel
-from orchard.agents.runs import Run, collect, progress
+from orchard.families.runs import Run, collect, progress
 from orchard.gui.harness import (
     GuiAgentConfig,
     GuiTrajectory,
@@ -41,6 +38,9 @@ from orchard.gui.harness import (
     save_result,
 )
 from orchard.gui.types import Judge, JudgeInput, Verdict, WebTask
+from orchard.llm.client import ChatModel
+from orchard.llm.factory import model_factory as shared_factory
+from orchard.llm.factory import replay_from
 
 if TYPE_CHECKING:
     from orchard.env.sdk import Orchard

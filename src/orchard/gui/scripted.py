@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchard.agents.llm import Completion, Mode, TokenUsage
 from orchard.gui.types import Mark
+from orchard.llm.client import Completion, Mode, TokenUsage
 
 UI_PLANS = Path(__file__).resolve().parent / "tasks" / "ui_plans.json"
 MAX_SCROLLS = 6  # scrolls spent looking for one target before the plan fails

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
-from orchard.agents.judges import Judge as SharedJudge
+from orchard.llm.judges import Judge as SharedJudge
 
 # The offline sites: one stdlib HTTP server inside the browser sandbox, routed by Host.
 # Chromium resolves every `*.localhost` name to loopback on its own, so no DNS is needed.

@@ -109,18 +109,20 @@ class SweEpisode:
         return None if self._sb is None else str(self._sb.id)
 
     def tools(self) -> list[dict[str, Any]]:
-        from orchard.agents.llm import BASH_TOOL
+        from orchard.llm.client import BASH_TOOL
 
         return [BASH_TOOL, SUBMIT_TOOL]
 
     def start(self, task: Any) -> Outcome:
         from orchard.swe.grading import check_gradable
         from orchard.swe.harness import SandboxEnv
+        from orchard.swe.prepare import prepared_sandbox
 
         check_gradable(task)  # before any sandbox: a classic SWE-bench row without a script
         self.close()
         self._task = task
-        self._sb = self._client.sandboxes.create(task.image, labels=self._labels, timeout_s=7200)
+        # with the task's set-up run (a synthesized row's bug goes in there)
+        self._sb = prepared_sandbox(self._client, task, self._labels, timeout_s=7200)
         self._env = SandboxEnv(self._sb, task.workdir, _SWE_ENV)
         text = (
             f"{task.problem_statement.strip()}\n\nThe repository is at {task.workdir}. Run"
@@ -129,7 +131,7 @@ class SweEpisode:
         return Outcome(text, info={"task_id": task.instance_id, "workdir": task.workdir})
 
     def call(self, tool: str, arguments: Mapping[str, Any]) -> Outcome:
-        from orchard.agents.llm import truncate_output
+        from orchard.llm.client import truncate_output
         from orchard.swe.harness import SUBMIT_MARKER
 
         if self._env is None:

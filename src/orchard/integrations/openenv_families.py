@@ -218,7 +218,7 @@ def family_app(
         GUI `image`)
     :return: the app, for uvicorn
     """
-    from orchard.agents.family import get_family
+    from orchard.families.registry import get_family
 
     loaded = get_family(family).load_tasks(tasks) if isinstance(tasks, str) else list(tasks)
     own = client is None

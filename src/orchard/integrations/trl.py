@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchard.agents.family import get_family
+from orchard.families.registry import get_family
 from orchard.integrations._common import delete_labelled, label_value, labels_for
 from orchard.integrations.trl_envs import (
     EnvSettings,

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchard.agents.llm import truncate_output
+from orchard.llm.client import truncate_output
 
 if TYPE_CHECKING:
     from orchard.env.sdk import Orchard, Sandbox
@@ -189,7 +189,8 @@ def _discard(future: Future[Any] | None, close: Callable[[Any], None]) -> None:
 
 
 class SweEnvironment(OrchardEnv):
-    """An SWE task: a fresh sandbox of the task image per reset, a bash tool, SWE-bench grading."""
+    """An SWE task: a fresh sandbox of the task image per reset (its set-up run), a bash tool,
+    SWE-bench grading."""
 
     family = "swe"
     instructions = (
@@ -204,14 +205,14 @@ class SweEnvironment(OrchardEnv):
         self._sandbox: Future[Sandbox] | None = None
 
     def _start(self, task: Any) -> str:
+        from orchard.swe.prepare import prepared_sandbox
+
         s = self._settings
         old, self._sandbox = self._sandbox, None
         s.pool.submit(_discard, old, _delete)
+        # with the task's set-up run (a synthesized row's bug goes in there)
         self._sandbox = s.pool.submit(
-            s.client.sandboxes.create,
-            task.image,
-            labels=dict(s.labels),
-            timeout_s=s.sandbox_timeout_s,
+            prepared_sandbox, s.client, task, dict(s.labels), timeout_s=s.sandbox_timeout_s
         )
         return self._task_text(task)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import tempfile
 import time
 from pathlib import Path
@@ -86,6 +87,15 @@ def main() -> int:
     console.print(
         f"resolved {summary['resolved_instances']}/{summary['total_instances']}; "
         f"trajectories, logs and reports in {out}"
+    )
+    # the last lines: how to read what the agents did, in Orchard's and Inspect's viewers
+    q = shlex.quote(str(out))
+    console.print(f"browse the run: orchard dashboard --runs {q}", markup=False, soft_wrap=True)
+    console.print(
+        f"open the run in Inspect's viewer: orchard swe export-log {q} && "
+        f"inspect view --log-dir {q}",
+        markup=False,
+        soft_wrap=True,
     )
     if url is None and summary["resolved_instances"] != summary["total_instances"]:
         return 1

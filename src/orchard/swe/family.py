@@ -7,8 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchard.agents.family import RolloutOptions, Rollouts, register
-from orchard.agents.judges import Judge
+from orchard.families.registry import RolloutOptions, Rollouts, register
+from orchard.llm.judges import Judge
 from orchard.swe.tasks import Task, load_tasks
 
 if TYPE_CHECKING:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from jinja2 import StrictUndefined, Template
 
-from orchard.agents.llm import ChatModel, Mode, truncate_output
+from orchard.llm.client import ChatModel, Mode, truncate_output
 from orchard.swe.tasks import Task
 from orchard.swe.trajectory import Step, SweTrajectory
 
@@ -125,16 +126,23 @@ def _observation(mode: Mode, reply: dict[str, Any], content: str) -> dict[str, A
 
 
 def run_agent(
-    task: Task, model: ChatModel, env: SandboxEnv, config: AgentConfig, path: Path | None = None
+    task: Task,
+    model: ChatModel,
+    env: SandboxEnv,
+    config: AgentConfig,
+    path: Path | None = None,
+    stop: threading.Event | None = None,
 ) -> SweTrajectory:
     """Run the loop until submission, a limit or an error; save the trajectory after every step.
 
     An exception (the model or the sandbox failing) ends the run with its class name as the
-    exit status, like mini-swe-agent: it is recorded in the trajectory, not raised.
+    exit status, like mini-swe-agent: it is recorded in the trajectory, not raised. `stop`
+    (a batch's Ctrl-C) ends it as `Interrupted` before the next step: a sandbox made after
+    the batch's clean-up must not run on to the step limit.
     """
-    traj = SweTrajectory(
-        task.instance_id, {"name": model.name, "mode": config.mode}, asdict(config)
-    )
+    # the sandbox id rides in the config so a reader (the Inspect log) can name the sandbox
+    run_config = {**asdict(config), "sandbox_id": env.sandbox.id}
+    traj = SweTrajectory(task.instance_id, {"name": model.name, "mode": config.mode}, run_config)
     variables = {"task": task.problem_statement, "workdir": task.workdir}
     traj.messages += [
         {"role": "system", "content": config.render(config.system_template, **variables)},
@@ -145,6 +153,8 @@ def run_agent(
             traj.exit_status = "LimitsExceeded"
         elif time.time() - traj.started_at >= config.wall_time_limit_s:
             traj.exit_status = "TimeExceeded"
+        elif stop is not None and stop.is_set():
+            traj.exit_status = "Interrupted"
         else:
             try:
                 _step(traj, model, env, config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchard.agents.llm import Completion, Mode, TokenUsage
+from orchard.llm.client import Completion, Mode, TokenUsage
 from orchard.swe.tasks import SAMPLE_DIR, Task
 
 

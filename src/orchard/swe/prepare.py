@@ -7,7 +7,7 @@ attempt (and every grading) as a copy of it (`sandboxes.create(snapshot=...)`): 
 cost one set-up, and each still gets its own clean, isolated copy. The sandbox the set-up
 ran in is handed to the first attempt, so no create is wasted.
 
-Where the backend keeps no snapshots (kubernetes answers `501 not_supported`), or with
+Where the backend keeps no snapshots (it answers `501 not_supported`), or with
 `fork=False`, every attempt is a fresh sandbox that runs the set-up itself; the first
 refusal prints one notice. A task without a set-up has nothing to share: its image is the
 prepared state, and its attempts start from the image as before.

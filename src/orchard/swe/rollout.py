@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchard.agents.llm import BASH_TOOL
+from orchard.llm.client import BASH_TOOL
 from orchard.swe.grading import Prediction, grade
 from orchard.swe.harness import AgentConfig, SandboxEnv, run_agent
 from orchard.swe.prepare import Preparer, prepared_sandbox

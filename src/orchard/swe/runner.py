@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from orchard.agents.factory import model_factory as shared_factory
-from orchard.agents.factory import replay_from
-from orchard.agents.llm import ChatModel
-from orchard.agents.runs import Run, run_pool
+from orchard.families.runs import Run, run_pool
+from orchard.llm.client import ChatModel
+from orchard.llm.factory import model_factory as shared_factory
+from orchard.llm.factory import replay_from
 from orchard.swe.grading import GradeResult, Prediction, grade, summary
 from orchard.swe.harness import AgentConfig, SandboxEnv, run_agent
 from orchard.swe.prepare import Preparer, prepared_sandbox
@@ -107,7 +107,8 @@ def attempt(
         labels = {"swe": "agent", **run.labels}
         with prepared_sandbox(run.client, task, labels, preparer=preparer) as sb:
             env = SandboxEnv(sb, task.workdir, config.env)
-            traj = run_agent(task, model, env, config, out / f"{task.instance_id}.traj.json")
+            traj_path = out / f"{task.instance_id}.traj.json"
+            traj = run_agent(task, model, env, config, traj_path, stop=run.stop)
     except Exception as e:  # one broken instance must not end the batch
         error = f"{type(e).__name__}: {e}"
         (out / "error.txt").write_text(traceback.format_exc())

@@ -18,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 SAMPLE = "sample"
 SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
+# The shipped set synthesized from real PyPI projects (`orchard swe synth`), one .jsonl per
+# project; `load_tasks("real")` reads them all.
+REAL = "real"
+REAL_DIR = SAMPLE_DIR / "real"
 DEFAULT_WORKDIR = "/testbed"
 # SWE-bench's own pytest invocation: `-rA` prints one `PASSED|FAILED ... id` line per test,
 # which is what the log parser reads.
@@ -164,11 +168,14 @@ def _datasets_rows(path: Path, split: str | None) -> list[dict[str, Any]]:
 def load_tasks(
     source: str | Path, *, split: str | None = None, ids: Iterable[str] | None = None
 ) -> list[Task]:
-    """Load tasks from `sample`, a .jsonl/.json/.parquet file, a folder of parquet files, or a
-    folder written by `datasets.save_to_disk`. `ids` keeps only those instances, in that order.
+    """Load tasks from `sample` (the toy suite), `real` (the shipped synthesized set), a
+    .jsonl/.json/.parquet file, a folder of parquet files, or a folder written by
+    `datasets.save_to_disk`. `ids` keeps only those instances, in that order.
     """
     if str(source) == SAMPLE:
         tasks = sample_tasks()
+    elif str(source) == REAL:
+        tasks = real_tasks()
     else:
         path = Path(source)
         if path.is_dir():
@@ -201,6 +208,11 @@ def load_tasks(
 def sample_tasks() -> list[Task]:
     """The sample suite shipped in the repo (images from `orchard swe build-images`)."""
     return _from_rows(_jsonl_rows(SAMPLE_DIR / "tasks.jsonl"))
+
+
+def real_tasks() -> list[Task]:
+    """The shipped set synthesized from real projects (images: `orchard swe build-images`)."""
+    return _from_rows(r for f in sorted(REAL_DIR.glob("*.jsonl")) for r in _jsonl_rows(f))
 
 
 def sample_repo_dir(task: Task) -> Path:

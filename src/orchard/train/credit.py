@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeAlias
 
 import httpx
 
-from orchard.agents.judges import Judge
+from orchard.llm.judges import Judge
 from orchard.train.tokenize import Message, Sample, Trajectory, tokenize_trajectory
 
 

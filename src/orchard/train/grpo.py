@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchard.agents.family import Family, RolloutOptions
+from orchard.families.registry import Family, RolloutOptions
 from orchard.train.bar import BARConfig, RewardConfig
 from orchard.train.rollout import BARRolloutFunc, RolloutRunner, reward_from_rollout
 from orchard.train.sft import last_checkpoint
@@ -57,7 +57,7 @@ class GRPORunConfig:
     lora_alpha: int = 32
     seed: int = 0
     resume: bool = True
-    report_to: str = "none"
+    report_to: str = "tensorboard"  # TRL's loggers: OUT/runs/*; "none" disables
     extra: dict[str, Any] = field(default_factory=dict)  # any other GRPOConfig field
 
     def bar(self) -> BARConfig:
@@ -94,6 +94,24 @@ class GRPORunConfig:
         return asdict(self)
 
 
+def _bar_log_callback(rollout: BARRolloutFunc) -> Any:
+    """A TrainerCallback adding BAR's rollout counts (`bar/*`) to each logged step."""
+    base: Any = importlib.import_module("transformers").TrainerCallback
+
+    class BARLog(base):  # type: ignore[misc]
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs is None:
+                return
+            st = rollout.stats
+            logs["bar/tasks"] = float(st.tasks)
+            logs["bar/episodes"] = float(st.episodes)
+            logs["bar/replaced"] = float(st.replaced)
+            for why, n in st.dropped.items():
+                logs[f"bar/dropped_{why}"] = float(n)
+
+    return BARLog()
+
+
 def load_policy(cfg: GRPORunConfig, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
     """The policy and its tokenizer: the ones given, else loaded from `cfg.model`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -121,6 +139,7 @@ def train_grpo(
         max_replacements=cfg.max_replacements,
         concurrency=cfg.concurrency,
         seed=cfg.seed,
+        log_dir=Path(cfg.output_dir),
     )
     peft_config = None
     if cfg.lora:
@@ -142,6 +161,8 @@ def train_grpo(
         peft_config=peft_config,
         rollout_func=rollout,
     )
+    # BAR's counts join every log line; first in line so TensorBoard & co. see them
+    trainer.callback_handler.callbacks.insert(0, _bar_log_callback(rollout))
     resume = last_checkpoint(cfg.output_dir) if cfg.resume else None
     result = trainer.train(resume_from_checkpoint=resume)
     final = Path(cfg.output_dir) / "final"

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from orchard.train.bar import (
@@ -34,11 +35,12 @@ from orchard.train.bar import (
 )
 from orchard.train.generation import Generation as Generation  # re-exported
 from orchard.train.generation import Generator as Generator
+from orchard.train.group_log import append_rows, group_rows
 from orchard.train.tokenize import IncrementalChat
 from orchard.train.vllm_server import server_generator, uses_vllm_server
 
 if TYPE_CHECKING:
-    from orchard.agents.llm import Completion, Mode, TokenUsage
+    from orchard.llm.client import Completion, Mode, TokenUsage
 
 R = TypeVar("R")
 
@@ -170,7 +172,7 @@ class TokenRecord:
 
 
 class PolicyModel:
-    """A `orchard.agents.llm.ChatModel` that samples from a `Generator` and records tokens."""
+    """A `orchard.llm.client.ChatModel` that samples from a `Generator` and records tokens."""
 
     def __init__(
         self,
@@ -182,7 +184,7 @@ class PolicyModel:
         max_new_tokens: int = 4096,
         name: str = "policy",
     ) -> None:
-        from orchard.agents.llm import TokenUsage
+        from orchard.llm.client import TokenUsage
 
         self.generator, self.tokenizer, self.mode, self.name = generator, tokenizer, mode, name
         self.max_new_tokens = max_new_tokens
@@ -196,7 +198,7 @@ class PolicyModel:
         self.record.env_mask += [0] * len(ids)
 
     def query(self, messages: list[dict[str, Any]]) -> Completion:
-        from orchard.agents.llm import Completion
+        from orchard.llm.client import Completion
 
         start = time.monotonic()
         new = self.chat.extend(messages, generation_prompt=True)
@@ -302,7 +304,8 @@ class BARRolloutFunc:
     passes, the last group is returned (its advantages are zero).
 
     The data set's prompts are instance ids (`prompts_dataset`); tasks are anything with an
-    `instance_id` (SWE, GUI and Claw tasks alike).
+    `instance_id` (SWE, GUI and Claw tasks alike). With `log_dir`, each call's groups,
+    kept and dropped, are appended to `log_dir/groups/step-NNNNN.jsonl` (`group_log`).
     """
 
     def __init__(
@@ -314,6 +317,7 @@ class BARRolloutFunc:
         max_replacements: int = 2,
         concurrency: int | None = None,
         seed: int = 0,
+        log_dir: Path | None = None,
     ) -> None:
         import random
 
@@ -325,6 +329,8 @@ class BARRolloutFunc:
         self.stats = BARStats()
         self.results: list[BARResult[EpisodeResult]] = []  # the last call's groups
         self._rng = random.Random(seed)
+        self.log_dir = log_dir
+        self._groups_logged: dict[int, int] = {}
 
     def prompts_dataset(self) -> Any:
         dataset_cls: Any = importlib.import_module("datasets").Dataset  # untyped package
@@ -352,19 +358,28 @@ class BARRolloutFunc:
         keys = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "rollout_reward")
         out: dict[str, list[Any]] = {k: [] for k in (*keys, "instance_id", "exit_status")}
         self.results = []
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
+        rows: list[dict[str, Any]] = []
+        base = self._groups_logged.get(step, 0)  # TRL may sample a step in several calls
+        self._groups_logged[step] = base + len(prompts) // n
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="rollout") as pool:
             for j in range(0, len(prompts), n):
                 task = self.tasks[str(prompts[j])]
                 res = self._group(runner, task, pool)
+                slot, tries = base + j // n, 0  # the group's place in the step, over calls
                 for _ in range(self.max_replacements):
                     reason = group_drop_reason(res.group)
                     if reason is None:
                         break
                     self.stats.dropped[reason] = self.stats.dropped.get(reason, 0) + 1
                     self.stats.replaced += 1
+                    rows += group_rows(step, slot, tries, res, kept=False, dropped=reason)
+                    tries += 1
                     task = self.tasks[self._rng.choice(list(self.tasks))]
                     res = self._group(runner, task, pool)
                 self.results.append(res)
+                flagged = group_drop_reason(res.group)  # trained on: no replacement left
+                rows += group_rows(step, slot, tries, res, kept=True, dropped=flagged)
                 for ep in res.group:
                     r = ep.payload
                     assert r is not None
@@ -378,6 +393,8 @@ class BARRolloutFunc:
                     out["rollout_reward"].append(ep.reward if ep.reward is not None else 0.0)
                     out["instance_id"].append(r.instance_id)
                     out["exit_status"].append(r.exit_status or "aborted")
+        if self.log_dir is not None:
+            append_rows(self.log_dir, step, rows)
         if not any(out["prompt_ids"]):  # nothing to train on: say why, not a tensor error
             errors = [ep.payload.error for res in self.results for ep in res.group if ep.payload]
             raise RolloutFailed(f"every episode failed: {next(filter(None, errors), 'no tokens')}")

@@ -46,7 +46,7 @@ class SFTRunConfig:
     logging_steps: int = 10
     seed: int = 0
     resume: bool = True
-    report_to: str = "none"
+    report_to: str = "tensorboard"  # TRL's loggers: OUT/runs/*; "none" disables
     extra: dict[str, Any] = field(default_factory=dict)  # any other SFTConfig field
 
     def sft_config(self) -> Any:

@@ -69,7 +69,7 @@ class Trajectory:
         mode = (obj.get("config") or {}).get("mode") or (obj.get("model") or {}).get("mode")
         tools = None
         if mode == "tool":
-            from orchard.agents.llm import BASH_TOOL
+            from orchard.llm.client import BASH_TOOL
 
             tools = [BASH_TOOL]
         meta = {

@@ -8,6 +8,8 @@ tests use `shared_service` from the parent conftest (the Docker backend).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,10 +43,20 @@ class Box:
         res = await self.agent.exec(cmd, timeout_s=timeout_s)
         return res.exit_code, res.stdout + res.stderr
 
-    async def fetch(self, host: str, port: int = PORT) -> str | None:
-        """The page at host:port, or None if this sandbox cannot reach it within 2 s."""
-        rc, out = await self.sh(f"wget -q -O - http://{host}:{port}/", timeout_s=2)
-        return out.strip() if rc == 0 else None
+    async def fetch(self, host: str, port: int = PORT, within_s: float = 2) -> str | None:
+        """The page at host:port, or None if this sandbox cannot reach it within `within_s`.
+
+        A try lasts at most 2.5 s; a longer `within_s` retries (for pages that must answer
+        on a loaded host), a short one proves a page does not answer.
+        """
+        deadline = time.monotonic() + within_s
+        while True:
+            rc, out = await self.sh(f"wget -q -O - http://{host}:{port}/", timeout_s=2.5)
+            if rc == 0:
+                return out.strip()
+            if time.monotonic() + 2 > deadline:
+                return None
+            await asyncio.sleep(0.2)
 
     async def ip(self) -> str:
         _, out = await self.sh("ip -4 -o addr show eth0")

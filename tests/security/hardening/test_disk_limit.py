@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchard.env.backends.docker import DockerBackend
+from orchard.env.backends.docker.backend import DockerBackend
 from orchard.env.errors import InvalidRequest
 from tests.backends.backend_harness import Harness, owned
 from tests.backends.test_backend_contract import make_spec

@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.backends.docker import DockerBackend
-from orchard.env.backends.local import LocalBackend
-from orchard.env.errors import EgressDenied
-from orchard.env.models import NetworkPolicy
-from orchard.env.network import (
+from orchard.env.backends.docker.backend import DockerBackend
+from orchard.env.backends.local.backend import LocalBackend
+from orchard.env.backends.network import (
     DEFAULT_SUBNET,
     LOCAL_SUBNET,
     METADATA_CIDRS,
@@ -29,6 +27,8 @@ from orchard.env.network import (
     host_addresses,
     sandbox_rules,
 )
+from orchard.env.errors import EgressDenied
+from orchard.env.models import NetworkPolicy
 from tests.agent_routes import TypedAgent
 from tests.backends.backend_harness import TEST_LABELS, AnyBackend, Harness, owned
 from tests.backends.test_backend_contract import make_spec
@@ -80,9 +80,10 @@ async def test_allow_everything_reaches_no_other_sandbox(boxes: MakeBox, web_tar
 
     wide = await boxes(network=NetworkPolicy(egress="allow", allow=["0.0.0.0/0"]))
     tens = await boxes(network=NetworkPolicy(egress="allow", allow=["10.0.0.0/8"]))
-    got = await asyncio.gather(wide.fetch(b_ip), tens.fetch(b_ip), wide.fetch(web_target))
+    got = await asyncio.gather(wide.fetch(b_ip), tens.fetch(b_ip))
+    assert list(got) == [None, None]
     # Trimmed, not refused: the world (here a plain container) is still reachable.
-    assert got == [None, None, "target"]
+    assert await wide.fetch(web_target, within_s=10) == "target"
 
 
 async def test_allow_entries_inside_protected_ranges_are_refused(
@@ -141,7 +142,7 @@ async def test_no_sandbox_reaches_the_other_backends_sandboxes(
             got = await asyncio.gather(
                 d_wide.fetch(l_ip), l_wide.fetch(d_ip), d_wide.fetch(d_ip), l_wide.fetch(l_ip)
             )
-            assert got == [None] * 4
+            assert list(got) == [None] * 4
         finally:
             for box in found:
                 await box.agent.aclose()

@@ -22,7 +22,7 @@ import pytest
 
 from orchard.env.backends import agent_socket
 from orchard.env.backends.agent_socket import SOCKETS_DIR, TMPFS_BYTES
-from orchard.env.backends.docker_mounts import LOG_MAX_FILES
+from orchard.env.backends.docker.mounts import LOG_MAX_FILES
 from orchard.env.backends.volume_base import tree_bytes
 from orchard.env.models import NetworkPolicy
 from tests.backends.backend_harness import AnyBackend, Harness, owned

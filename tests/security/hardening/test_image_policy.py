@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.backends.docker import DockerBackend
+from orchard.env.backends.docker.backend import DockerBackend
 from orchard.env.errors import (
     ImageNotFound,
     ImageRefused,

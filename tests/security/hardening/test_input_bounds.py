@@ -10,6 +10,7 @@ failure text never reaches the caller (a stable code, a generic message, the tex
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -74,7 +75,7 @@ async def test_a_runtimes_failure_text_never_reaches_the_caller(
 def test_rest_refuses_huge_labels_env_and_tiny_cpu(
     shared_service: Service, busybox_image: str
 ) -> None:
-    bodies = [
+    bodies: list[dict[str, Any]] = [
         {"labels": {f"k{i}": "v" for i in range(65)}},
         {"labels": {"k": "v" * (10 << 20)}},
         {"env": {"K": "v" * (1 << 20)}},

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orchard.env.backends.state_docker import SNAPSHOT_REPO
+from orchard.env.backends.docker.state import SNAPSHOT_REPO
 from tests.conftest import TEST_LABELS
 from tests.docker_util import commit_image
 from tests.security.conftest import (

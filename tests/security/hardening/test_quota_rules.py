@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from orchard.env.errors import (
     ImageNotFound,
     QuotaExceeded,
     RateLimited,
-    Unavailable,
+    ServiceStopping,
 )
 from orchard.env.limits import Limits, OwnerLimits
 from orchard.env.models import NetworkPolicy, SandboxCreate
@@ -87,7 +88,7 @@ class FakeBackend:
 def _service(tmp_path: Path, backend: FakeBackend, **limits: object) -> SandboxService:
     lim = Limits(owners={"alice": replace(OwnerLimits(), **limits)})  # type: ignore[arg-type]
     cfg = ServiceConfig(state_dir=tmp_path, secret=b"s", limits=lim, reconcile_interval_s=60)
-    return SandboxService(cfg, backend)  # type: ignore[arg-type]
+    return SandboxService(cfg, backend)
 
 
 def _req(**kw: object) -> SandboxCreate:
@@ -156,7 +157,7 @@ async def test_each_quota_refuses_with_its_name_and_value(tmp_path: Path) -> Non
         tmp_path, backend, max_sandboxes=3, max_batch=2, max_cpu=2.5, max_memory=3 << 30,
         max_label_bytes=50, max_env_bytes=50,
     )  # fmt: skip
-    cases = [
+    cases: list[tuple[Callable[[], Awaitable[object]], str]] = [
         (lambda: svc.create_batch("alice", _req(count=3)), "max_batch=2"),
         (lambda: svc.create("alice", _req(labels={"k": "v" * 60})), "max_label_bytes=50"),
         (lambda: svc.create("alice", _req(env={"K": "v" * 60})), "max_env_bytes=50"),
@@ -226,6 +227,9 @@ async def test_capacity_is_a_503_before_anything_is_made(tmp_path: Path) -> None
     with pytest.raises(CapacityExceeded) as err:
         await svc.create("alice", _req(memory="2t"))
     assert err.value.status == 503 and err.value.code == "capacity" and backend.calls == 0
+    # Which resource, not the host's figures (those are the operator's, in the log).
+    assert (err.value.details or {}).get("resource") == "memory"
+    assert not any(c.isdigit() for c in str(err.value)), str(err.value)
 
 
 def test_default_cpu_and_memory_unless_asked(tmp_path: Path) -> None:
@@ -270,9 +274,9 @@ async def test_shutdown_cancels_creates_and_stops_admitting(tmp_path: Path) -> N
     await asyncio.sleep(0.12)
     t0 = time.monotonic()
     svc.begin_shutdown()
-    with pytest.raises(Unavailable, match="stopping"):
-        await task
-    with pytest.raises(Unavailable, match="stopping"):
+    with pytest.raises(ServiceStopping, match="stopping"):
+        await task  # ServiceStopping: nothing kept, so a client may send it again
+    with pytest.raises(ServiceStopping, match="stopping"):
         await svc.create("alice", _req())
     assert svc.admission.usage("alice", svc.records()).creating == 0  # nothing kept reserved
     await svc.stop()

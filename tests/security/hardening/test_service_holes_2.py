@@ -212,7 +212,7 @@ def test_a_stopped_agent_is_answered_unresponsive_soon_and_long_calls_still_work
         except httpx.HTTPError as e:
             answers.append(e)
 
-    calls = [("POST", "/exec", {"cmd": "true"})] * 20
+    calls: list[tuple[str, str, dict[str, str] | None]] = [("POST", "/exec", {"cmd": "true"})] * 20
     calls += [("GET", "/files?path=/etc/hostname", None), ("GET", "/processes", None)]
     with _stopped(pid):
         workers = [threading.Thread(target=call, args=a) for a in calls]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.backends.docker import DockerBackend
-from orchard.env.backends.local import LocalBackend
+from orchard.env.backends.docker.backend import DockerBackend
+from orchard.env.backends.local.backend import LocalBackend
 from orchard.env.config import ConfigError, ServiceConfig
 from orchard.env.image_policy import DEFAULT_REGISTRIES
 

@@ -27,9 +27,9 @@ from orchard.env.backends.state_base import Changes, SnapshotRecord
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import ImageNotFound, InvalidRequest, QuotaExceeded
 from orchard.env.limits import Limits, OwnerLimits
+from orchard.env.models.state import ForkRequest, SnapshotCreate
 from orchard.env.server import state
 from orchard.env.server.service import SandboxService
-from orchard.env.state_models import ForkRequest, SnapshotCreate
 from tests.security.conftest import (
     KEY_ALICE,
     KEY_BOB,
@@ -101,7 +101,7 @@ def test_a_null_size_is_the_default_size_and_counts(
     service_factory: ServiceFactory, busybox_image: str, tmp_path: Path, backend: str
 ) -> None:
     svc = service_factory(ORCHARD_LIMITS=_limits(tmp_path, BOB_CAPPED), ORCHARD_BACKEND=backend)
-    null = {"image": busybox_image, "cpu": None, "memory": None}
+    null: dict[str, Any] = {"image": busybox_image, "cpu": None, "memory": None}
     with svc.client(KEY_BOB) as c:
         sb = create(c, **null)
         assert (sb["resources"]["cpu"], sb["resources"]["memory_bytes"]) == (1.0, GIB)
@@ -359,7 +359,7 @@ async def test_no_default_size_is_refused_under_a_quota_and_admitted_without(
     cfg = ServiceConfig(
         state_dir=tmp_path, secret=b"s", limits=lim, default_cpu=None, default_memory_bytes=None
     )
-    svc = SandboxService(cfg, backend)  # type: ignore[arg-type]
+    svc = SandboxService(cfg, backend)
     with pytest.raises(QuotaExceeded, match="max_cpu=4") as err:
         await svc.create("alice", _req())
     assert err.value.details and err.value.details["limit"] == "max_cpu"
@@ -421,7 +421,7 @@ async def test_snapshot_count_and_bytes_are_bounded_per_owner(tmp_path: Path) ->
 def test_snapshot_ttl_has_a_maximum_below_a_sandboxs() -> None:
     from pydantic import ValidationError
 
-    from orchard.env.state_models import MAX_SNAPSHOT_TTL_S
+    from orchard.env.models.state import MAX_SNAPSHOT_TTL_S
 
     assert SnapshotCreate(timeout_s=MAX_SNAPSHOT_TTL_S).timeout_s == MAX_SNAPSHOT_TTL_S
     for bad in (

@@ -22,7 +22,7 @@ from pathlib import Path
 import aiodocker
 import pytest
 
-from orchard.env.backends.docker_mounts import image_rootfs
+from orchard.env.backends.docker.mounts import image_rootfs
 from orchard.env.backends.volume_base import LayerView, resolve_target
 from orchard.env.errors import InvalidRequest
 from orchard.env.server import EmbeddedService

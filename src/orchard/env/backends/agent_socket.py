@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from orchard.env.backends.failures import hidden
-from orchard.env.backends.mount_ns import mount
+from orchard.env.backends.local.mount_ns import mount
 from orchard.env.errors import Unavailable
 
 log = logging.getLogger("orchard.agent_socket")

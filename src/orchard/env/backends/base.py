@@ -16,6 +16,12 @@ from orchard.env.models import NetworkPolicy
 
 BackendState = Literal["pending", "running", "paused", "exited", "failed"]
 
+# Added to a sandbox's pids limit (Docker's PidsLimit, local's cgroup) for the agent's own
+# threads (the Go runtime starts several):
+# `pids_limit` counts the user's processes, and a small one must not stop the agent from
+# starting ("failed to create new OS thread") or from serving once a fork bomb fills the rest.
+AGENT_PIDS_RESERVE = 32
+
 
 @dataclass(frozen=True)
 class AgentEndpoint:
@@ -75,6 +81,9 @@ class SandboxRecord:
     # Who execs run as when a request names no user: the spec's user, else the image's USER.
     default_user: str | None = None
     volumes: tuple[VolumeMount, ...] = ()
+    # The latest activity another replica may have seen (backends shared by replicas):
+    # the idle clock runs from the later of this and the service's own.
+    active_at: float | None = None
 
 
 class Backend(Protocol):

@@ -39,14 +39,14 @@ def _agent_binary(config: ServiceConfig) -> Path:
 
 def docker(config: ServiceConfig) -> Backend:
     """A local Docker engine; the agent binary is bind-mounted into each container."""
-    from orchard.env.backends.docker import DockerBackend
+    from orchard.env.backends.docker.backend import DockerBackend
 
     return DockerBackend(config.state_dir, _agent_binary(config), **config.backend_options())
 
 
 def local(config: ServiceConfig) -> Backend:
     """crun or runc driven directly (root, no daemon)."""
-    from orchard.env.backends.local import LocalBackend
+    from orchard.env.backends.local.backend import LocalBackend
 
     return LocalBackend(
         config.state_dir,
@@ -58,11 +58,12 @@ def local(config: ServiceConfig) -> Backend:
 
 def kubernetes(config: ServiceConfig) -> Backend:
     """Pods in a cluster; its settings come from ORCHARD_K8S_* (docs/kubernetes.md)."""
-    from orchard.env.backends.k8s_objects import KubernetesOptions
-    from orchard.env.backends.kubernetes import KubernetesBackend
+    from orchard.env.backends.kubernetes.backend import KubernetesBackend
+    from orchard.env.backends.kubernetes.objects import KubernetesOptions
 
     opts = KubernetesOptions.from_env()
     opts.extra_labels.update(
         {k.replace("orchard.", "orchard.dev/", 1): v for k, v in config.extra_labels.items()}
     )
-    return KubernetesBackend(opts, image_policy=config.image_policy)
+    # The limits become each tenant's ResourceQuota (kubernetes/tenants.py).
+    return KubernetesBackend(opts, image_policy=config.image_policy, limits=config.limits)

@@ -23,8 +23,8 @@ from typing import Any
 from orchard.env.backends import agent_socket
 from orchard.env.backends.base import AgentEndpoint, SandboxSpec
 from orchard.env.backends.meta_files import read_meta, write_meta
+from orchard.env.backends.network import sandbox_tag
 from orchard.env.errors import InvalidRequest
-from orchard.env.network import sandbox_tag
 
 log = logging.getLogger("orchard.host_folders")
 

@@ -11,6 +11,8 @@ import shutil
 import socket
 from urllib.parse import urlparse
 
+from orchard.env.backends.runtimes import RUNTIMES
+
 DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
 
 
@@ -44,7 +46,7 @@ def docker_answers(timeout_s: float = 2.0) -> bool:
 
 def local_possible() -> bool:
     """The local backend can run here: root, and an OCI runtime (crun or runc) on PATH."""
-    return os.geteuid() == 0 and any(shutil.which(rt) for rt in ("crun", "runc"))
+    return os.geteuid() == 0 and any(shutil.which(rt) for rt in RUNTIMES)
 
 
 def auto_backend() -> str:

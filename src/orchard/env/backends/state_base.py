@@ -1,7 +1,8 @@
 """Sandbox state on a backend: pause/resume, filesystem snapshots, diffs (docs/state.md).
 
-Optional capabilities: a backend that has them implements `Pausable` / `Snapshotting`;
-the service answers 501 `not_supported` for one that does not (kubernetes). Snapshots,
+Optional capabilities: a backend that has them implements `Pausable` / `Snapshotting` /
+`Diffing`; the service answers 501 `not_supported` for one that does not (kubernetes keeps
+its snapshots in the cluster: kubernetes/snapshotting.py). Snapshots,
 like sandboxes, need no database: each is a folder `<state>/snapshots/<id>/` with its
 `meta.json` (owner, settings, expiry, backend details) beside its storage; storage
 without a complete meta (a crash mid-snapshot) or whose meta was deleted is removed by
@@ -62,7 +63,7 @@ class SnapshotRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     complete: bool = True
     deleted: bool = False
-    # Processes and memory kept too (backends/criu.py), not the files only.
+    # Processes and memory kept too (backends/local/criu.py), not the files only.
     memory: bool = False
 
 
@@ -80,6 +81,14 @@ class Pausable(Protocol):
     async def pause(self, sandbox_id: str) -> SandboxRecord: ...
 
     async def resume(self, sandbox_id: str) -> SandboxRecord: ...
+
+
+@runtime_checkable
+class Diffing(Protocol):
+    """Optional: file diffs. Every Snapshotting backend has them; kubernetes has them
+    (through its node helper) without snapshots, so `since` is always None there."""
+
+    async def diff(self, sandbox_id: str, since: SnapshotRecord | None) -> Changes: ...
 
 
 @runtime_checkable

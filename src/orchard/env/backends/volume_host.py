@@ -19,32 +19,21 @@ import builtins
 from abc import abstractmethod
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.backends.volume_base import (
     RootfsView,
     VolumeMount,
+    VolumeRecord,
     VolumeStore,
     decode_mounts,
     resolve_mounts,
 )
-from orchard.env.errors import NotFound, VolumeFull
+from orchard.env.errors import NotFound, VolumeExists, VolumeFull, VolumeInUse
 
 # A sandbox in one of these holds its mounts (a paused one too; an exited one no longer).
 _HOLDING = ("pending", "running", "paused")
-
-
-@runtime_checkable
-class VolumeHost(Protocol):
-    """What the service needs of a backend to offer volumes (docker and local have it)."""
-
-    @property
-    def volume_store(self) -> VolumeStore: ...
-
-    async def volume_users(self) -> dict[str, builtins.list[str]]: ...
-
-    async def sweep_volumes(self) -> builtins.list[str]: ...
 
 
 class VolumeFolders:
@@ -61,6 +50,11 @@ class VolumeFolders:
     @cached_property
     def volume_store(self) -> VolumeStore:
         return VolumeStore(self.state_dir / "volumes")
+
+    @cached_property
+    def volumes(self) -> HostVolumes:
+        """The service's view (volume_api.BackendVolumes) of these folders."""
+        return HostVolumes(self)
 
     async def volume_binds(
         self, spec: SandboxSpec, rootfs: RootfsView
@@ -112,3 +106,67 @@ class VolumeFolders:
         async with self.volume_store.lock:  # not mid-way through a delete's in-use check
             users = await self.volume_users()
             return await asyncio.to_thread(self.volume_store.sweep, users)
+
+
+class HostVolumes:
+    """`volume_api.BackendVolumes` over one state dir's folders, for docker and local.
+
+    Creates and deletes of this service run one at a time under the store's lock, so a
+    name stays unique and a delete's in-use check sees every mount recorded before it."""
+
+    def __init__(self, host: VolumeFolders) -> None:
+        self.host = host
+        self.store = host.volume_store
+
+    def mount_id(self, owner: str, name: str) -> str | None:
+        rec = self.store.find(owner, name)
+        return rec.id if rec is not None else None
+
+    async def create(self, rec: VolumeRecord, size_bytes: int | None) -> VolumeRecord:
+        async with self.store.lock:
+            if self.store.find(rec.owner, rec.name) is not None:
+                raise VolumeExists(
+                    f"volume {rec.name!r} already exists", details={"volume": rec.name}
+                )
+            return await asyncio.to_thread(self.store.create, rec)
+
+    async def find(self, owner: str, name: str) -> VolumeRecord | None:
+        return self.store.find(owner, name)
+
+    async def list(self, owner: str) -> builtins.list[VolumeRecord]:
+        return [r for r in self.store.all() if r.owner == owner]
+
+    async def count(self, owner: str) -> int:
+        return len(await self.list(owner))
+
+    async def delete(self, rec: VolumeRecord) -> None:
+        store = self.store
+        async with store.lock:
+            # Hidden first, so a create racing this one fails to find it (module docstring).
+            store.set_deleted(rec.id, True)
+            try:
+                users = (await self.host.volume_users()).get(rec.id, [])
+            except BaseException:  # cancelled, or the engine failed: the volume stays
+                store.set_deleted(rec.id, False)
+                raise
+            if users:
+                store.set_deleted(rec.id, False)
+                raise in_use(rec.name, users)
+            # Off the event loop: a cache of many files takes a while to remove.
+            await asyncio.to_thread(store.remove, rec.id)
+
+    async def size(self, rec: VolumeRecord) -> int | None:
+        return await asyncio.to_thread(self.store.size, rec.id)
+
+    async def users(self) -> dict[str, builtins.list[str]]:
+        return await self.host.volume_users()
+
+    async def sweep(self) -> builtins.list[str]:
+        return await self.host.sweep_volumes()
+
+
+def in_use(name: str, users: builtins.list[str]) -> VolumeInUse:
+    return VolumeInUse(
+        f"volume {name!r} is mounted by {len(users)} sandbox(es): delete them first",
+        details={"volume": name, "sandboxes": sorted(users)},
+    )

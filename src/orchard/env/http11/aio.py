@@ -1,6 +1,6 @@
 """Keep-alive HTTP/1.1 on asyncio streams: the async SDK's transport and the service -> agent hop.
 
-httpx.AsyncClient spends more Python per request than a ~2 ms exec can afford (URL models,
+httpx.AsyncClient spends more Python per request than a short exec can afford (URL models,
 h11 events, anyio); this pool speaks just enough HTTP/1.1 over a Unix socket or TCP (TLS
 for https). `AsyncPool.send` carries any request (a buffered body, or an async stream,
 sized or chunked) and returns an `httpx.Response`, read whole or streamed; a streamed

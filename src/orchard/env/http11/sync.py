@@ -1,7 +1,7 @@
 """Keep-alive HTTP/1.1 on blocking sockets: the sync SDK's transport.
 
-httpx.Client spends ~0.5 ms of Python per request (URL models, h11 events, two send()
-calls: headers, then body), which on a ~2 ms exec is a quarter of the round trip. This
+httpx.Client spends a quarter of a short exec's round trip in Python (URL models, h11
+events, two send() calls: headers, then body; figures in docs/benchmarks.md). This
 pool needs one `sendall` for a small request and a buffered read of the answer's head
 and body; uploads (sized or chunked) and streamed answers go through it too. A pooled
 connection the server closed while idle is caught before use (readable while idle) or,

@@ -3,13 +3,16 @@
 `Admission.admit` runs with no await between its checks and its reservation, so concurrent
 creates on one event loop cannot both take the last slot. What an owner holds is summed
 from the service's view of the backend (its records) plus the creates still in flight
-here; a second replica's sandboxes count from its next reconcile on. A sandbox with no
-cpu or memory limit counts as `sizing.NoLimit` says, never as nothing (issue 31, hole 1).
+here; a second replica's sandboxes count from its next reconcile on (on Kubernetes with
+tenant namespaces the API server's ResourceQuota is the exact count: this check only
+refuses early). A sandbox with no cpu or memory limit counts as `sizing.NoLimit` says,
+never as nothing (issue 31, hole 1).
 Snapshots are admitted here too (`admit_snapshot`): a count and a byte budget per owner.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
+from orchard.env.backends.replicated import TenantHeld
 from orchard.env.backends.state_base import SnapshotRecord
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import CapacityExceeded, QuotaExceeded, RateLimited
@@ -28,6 +32,8 @@ from orchard.env.server.metrics import Metrics
 from orchard.env.server.pool_store import holder
 from orchard.env.server.sizing import NoLimit, meminfo
 from orchard.env.server.sizing import no_limit as backend_no_limit
+
+log = logging.getLogger("orchard.admission")
 
 # Backend states that hold cpu and memory. A paused sandbox keeps its memory and gets its
 # cpu back at resume, which admits nothing: counted, or pausing (or a snapshot, which
@@ -107,9 +113,16 @@ class Admission:
                 held.add(*self._charge(spec.cpu, spec.memory_bytes))
         return held
 
-    def usage(self, owner: str, records: Iterable[SandboxRecord]) -> Usage:
+    def usage(
+        self, owner: str, records: Iterable[SandboxRecord], counted: TenantHeld | None = None
+    ) -> Usage:
+        """`counted`: what the backend counted itself (backends/replicated.ClusterQuota),
+        which every replica reads alike; else this replica's view and its creates."""
         held = self.held(owner, records)
         creating = sum(1 for s in self._reserved.values() if holder(s.owner) == owner)
+        if counted is not None:
+            held = Held(counted.sandboxes, counted.cpu, counted.memory)
+            creating = counted.creating
         return Usage(
             owner=owner,
             sandboxes=held.sandboxes,
@@ -281,8 +294,13 @@ class Admission:
     def _check_host(self, owner: str, spec: SandboxSpec) -> None:
         why = host_shortage(self.config, spec)
         if why:
-            err = CapacityExceeded(f"the host cannot take this sandbox now: {why}")
-            err.details = {"retry_after_s": 5.0}
+            # The figures are the operator's (the log); a tenant learns only which resource.
+            resource = why.split(":", 1)[0].split(" ", 1)[0]
+            log.warning("refused %s's sandbox: the host is short of %s", owner, why)
+            err = CapacityExceeded(
+                f"the host is short of {resource} for this sandbox now: retry later"
+            )
+            err.details = {"retry_after_s": 5.0, "resource": resource}
             self._refuse(owner, err, "capacity")
 
 

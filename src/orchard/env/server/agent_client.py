@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from types import TracebackType
-from typing import Any, TypedDict, Unpack
+from typing import Any, Self, TypedDict, Unpack
 from urllib.parse import urlencode
 
 import httpx
@@ -75,10 +75,14 @@ IDLE_EXPIRY_S = 15.0
 STREAMING = httpx.Timeout(None, connect=10.0)
 # The liveness check of a call left unanswered (issue 31): after PROBE_AFTER_S, then every
 # PROBE_EVERY_S while it waits; the agent must answer /health within PROBE_TIMEOUT_S (it
-# does in milliseconds, even while it runs long commands); a verdict stands for VERDICT_S.
+# does in milliseconds, even while it runs long commands), and a probe that only timed
+# out is tried once more on a new connection before the verdict, so a host under heavy
+# load does not fail a busy but live sandbox; a verdict stands for VERDICT_S. A stopped
+# agent is reported within PROBE_AFTER_S + PROBE_TRIES * PROBE_TIMEOUT_S (12 s).
 PROBE_AFTER_S = 2.0
 PROBE_EVERY_S = 2.0
-PROBE_TIMEOUT_S = 6.0
+PROBE_TIMEOUT_S = 5.0
+PROBE_TRIES = 2
 VERDICT_S = 1.0
 # The relay's one list, plus Content-Length: the body is framed anew for this hop.
 _DROPPED = NOT_FORWARDED | {"content-length"}
@@ -178,7 +182,7 @@ class AgentClient:
             return cls(socket_path=endpoint.socket_path, token=token, **kw)
         return cls(base_url=endpoint.base_url, token=token, **kw)
 
-    async def __aenter__(self) -> AgentClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -325,15 +329,20 @@ class AgentClient:
         # A connection of its own, so it never waits behind the calls, and closed at once:
         # an idle one left open would outlive `aclose` (a memory snapshot's CRIU dump
         # refuses a sandbox with a Unix connection to the outside).
-        pool = self._new_pool(1)
-        try:
-            async with asyncio.timeout(PROBE_TIMEOUT_S):
-                await pool.answer("GET", "/health", timeout=_PROBE)
-            alive = True  # any answer: the agent runs
-        except (httpx.TransportError, OSError, TimeoutError):
-            alive = False
-        finally:
-            await pool.aclose()
+        alive = False
+        for _ in range(PROBE_TRIES):
+            pool = self._new_pool(1)
+            try:
+                async with asyncio.timeout(PROBE_TIMEOUT_S):
+                    await pool.answer("GET", "/health", timeout=_PROBE)
+                alive = True  # any answer: the agent runs
+            except (TimeoutError, httpx.TimeoutException):
+                continue  # slow, not refused: once more before the verdict
+            except (httpx.TransportError, OSError):
+                pass  # refused or reset: no agent listens
+            finally:
+                await pool.aclose()
+            break
         self._verdict = (time.monotonic(), alive)
         return alive
 
@@ -405,8 +414,8 @@ class _Watch:
         if self.tripped and self.task is not None:
             self.task.uncancel()  # our cancel, not the caller's: it ends here
             raise SandboxUnresponsive(
-                f"the agent stopped answering (not even its health check within "
-                f"{PROBE_TIMEOUT_S:g} s)"
+                f"the agent stopped answering (not even its health check, {PROBE_TRIES} "
+                f"times {PROBE_TIMEOUT_S:g} s)"
             ) from None
 
 

@@ -17,6 +17,7 @@ from orchard.env.server.middleware import ExecFastPath, JsonBodyLimit
 from orchard.env.server.redact import install as install_redaction
 from orchard.env.server.routes import ROUTERS
 from orchard.env.server.service import SandboxService
+from orchard.env.server.ui.routes import install_dashboard
 
 
 def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI:
@@ -54,4 +55,5 @@ def create_app(config: ServiceConfig, backend: Backend | None = None) -> FastAPI
     for router in ROUTERS:
         app.include_router(router)
     app.include_router(e2b.router)  # E2B's API beside Orchard's (docs/e2b.md)
+    install_dashboard(app)  # the browser dashboard at /ui (docs/dashboard.md)
     return app

@@ -1,4 +1,5 @@
-"""Who is calling: the API key (bearer, X-API-Key, or `orchard_key` for port URLs) -> owner.
+"""Who is calling: the API key (bearer, X-API-Key, or `orchard_key` for port URLs) -> owner;
+a dashboard session token (bearer or X-API-Key only) -> the owner whose key made it.
 
 `authorize` is the one check: the routes' dependencies, the WebSocket port proxy and the
 exec fast path all call it, so a request is let in (or refused) the same way everywhere.
@@ -15,6 +16,7 @@ from starlette.requests import HTTPConnection
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import Unauthorized
 from orchard.env.server.service import SandboxService
+from orchard.env.server.ui.sessions import SessionStore
 
 KEY_QUERY = "orchard_key"
 
@@ -32,9 +34,17 @@ def api_key(conn: HTTPConnection, *, allow_query: bool) -> str | None:
 
 
 def authorize(conn: HTTPConnection, *, allow_query: bool = False) -> str:
-    """The owner the request's key belongs to; raises Unauthorized (401) for none or a bad one."""
+    """The owner the request's key belongs to; raises Unauthorized (401) for none or a bad one.
+
+    A dashboard session token (`ui/sessions.py`) counts as its owner's key, but only in a
+    header: it is never accepted from a URL.
+    """
     config: ServiceConfig = conn.app.state.config
     owner = config.owner_for(api_key(conn, allow_query=allow_query))
+    if owner is None:
+        sessions: SessionStore | None = getattr(conn.app.state, "ui_sessions", None)
+        if sessions is not None:
+            owner = sessions.owner_for(api_key(conn, allow_query=False))
     if owner is None:
         raise Unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
     return owner

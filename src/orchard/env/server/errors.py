@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from orchard.env.errors import BadRequest, InvalidRequest, NotFound, OrchardError
+from orchard.env.errors import NOT_APPLIED, BadRequest, InvalidRequest, NotFound, OrchardError
 from orchard.env.server.metrics import Metrics
 
 log = logging.getLogger("orchard.api")
@@ -42,6 +42,11 @@ def error_reply(metrics: Metrics, err: OrchardError, status: int | None = None) 
     wait = (err.details or {}).get("retry_after_s")
     if isinstance(wait, int | float) and wait > 0:
         resp.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+    if err.not_applied:
+        resp.headers[NOT_APPLIED] = "1"
+        # The client's next try opens a new connection, which the Service's proxy sends to
+        # a replica that stays; a kept-alive one would bring it back here.
+        resp.headers["Connection"] = "close"
     return resp
 
 

@@ -88,7 +88,8 @@ _EXEC_PATH = re.compile(r"/v1/sandboxes/([^/]+)/exec")
 
 class ExecFastPath:
     """Serve `POST .../exec`, the hot route of an agent loop, without FastAPI's routing,
-    dependency solving and inner middleware: service CPU per exec 0.82-0.93 -> 0.53-0.55 ms.
+    dependency solving and inner middleware, which cost a third of the service's CPU per exec
+    (figures: docs/benchmarks.md, "Figures behind design choices").
 
     Only a request `accept_exec` (the route's own checks) lets in takes this path; anything
     else goes on to the app with its body replayed, so every refusal is still the route's

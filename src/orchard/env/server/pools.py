@@ -45,7 +45,7 @@ from orchard.env.errors import (
 )
 from orchard.env.image_policy import FILE_TRANSPORTS
 from orchard.env.models import MAX_TTL_S, NetworkPolicy, Sandbox, SandboxCreate
-from orchard.env.pool_models import AgentDefaults, Pool, PoolCreate, PoolSettings
+from orchard.env.models.pool import AgentDefaults, Pool, PoolCreate, PoolSettings
 from orchard.env.server.admission import Admission
 from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.pool_store import PoolRecord, PoolStore, pool_owner, split_pool_owner
@@ -58,7 +58,7 @@ BACKOFF_MAX_S = 30.0
 POLL_S = 1.0  # a refill loop looks again at least this often
 # Refills yield to a burst of claims (a GRPO group claims k at once): they start once no
 # claim came for REFILL_QUIET_S, at most REFILL_MAX_DELAY_S after the burst's first. A
-# create in flight costs a claim on this host's event loop and CPUs (local: 3 ms -> 60 ms).
+# create in flight slows a claim on this host's event loop and CPUs (docs/benchmarks.md).
 REFILL_QUIET_S = 0.05
 REFILL_MAX_DELAY_S = 1.0
 MAX_POOLS_PER_OWNER = 32
@@ -174,9 +174,9 @@ class PoolManager:
     def _supported(self) -> None:
         if not isinstance(self.svc.backend, Claimable):
             raise NotSupported(
-                f"warm pools are not supported on the {self.svc.backend.name} backend: a claim "
-                "hands a running sandbox over by rewriting its owner and labels in the "
-                "per-sandbox meta.json that only the docker and local backends keep"
+                f"warm pools are not supported on the {self.svc.backend.name} backend: it "
+                "neither hands a running sandbox over by its meta.json (docker, local) nor "
+                "keeps pools in a cluster its replicas share (kubernetes, pools_cluster.py)"
             )
 
     def _owned(self, owner: str, name: str) -> _Pool:
@@ -212,6 +212,14 @@ class PoolManager:
             raise Conflict(f"pool {body.name!r} exists; delete it first")
         if sum(1 for o, _ in self._pools if o == owner) >= MAX_POOLS_PER_OWNER:
             raise QuotaExceeded(f"at most {MAX_POOLS_PER_OWNER} pools per owner")
+        rec = self.new_record(owner, body)
+        self.store.write(rec)
+        pool = self._pools[rec.key] = _Pool(rec)
+        self._run(pool)
+        return self.model(pool)
+
+    def new_record(self, owner: str, body: PoolCreate) -> PoolRecord:
+        """A pool checked as its refills would be (sizes, limits, image policy)."""
         most = self.svc.config.limits.of(owner).max_sandboxes
         if most is not None and body.size > most:
             raise QuotaExceeded(
@@ -228,7 +236,7 @@ class PoolManager:
             # A name the policy refuses would only show as failed refills: refuse it now.
             self.svc.config.image_policy.check(body.image)
         self.svc.admission.check_size(sample)  # its refills could never be admitted
-        rec = PoolRecord(
+        return PoolRecord(
             owner=owner,
             name=body.name,
             image=body.image,
@@ -240,15 +248,11 @@ class PoolManager:
             pids_limit=sample.pids_limit,
             network=sample.network.model_dump(mode="json"),
         )
-        self.store.write(rec)
-        pool = self._pools[rec.key] = _Pool(rec)
-        self._run(pool)
-        return self.model(pool)
 
-    def get(self, owner: str, name: str) -> Pool:
+    async def get(self, owner: str, name: str) -> Pool:
         return self.model(self._owned(owner, name))
 
-    def list(self, owner: str) -> builtins.list[Pool]:
+    async def list(self, owner: str) -> builtins.list[Pool]:
         mine = [p for (o, _), p in self._pools.items() if o == owner and not p.deleted]
         return [self.model(p) for p in sorted(mine, key=lambda p: p.rec.name)]
 

@@ -12,6 +12,7 @@ import gc
 import os
 import shutil
 import socket
+import ssl
 import tempfile
 import threading
 import time
@@ -22,7 +23,7 @@ from types import FrameType
 import uvicorn
 
 from orchard.env.backends import Backend
-from orchard.env.config import ServiceConfig
+from orchard.env.config import ConfigError, ServiceConfig
 from orchard.env.errors import Unavailable
 from orchard.env.server.app import create_app
 
@@ -63,9 +64,15 @@ def serve(
     uds: str | None = None,
     *,
     log_level: str = "info",
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
 ) -> None:
-    """Run the service until interrupted (`orchard serve`); refuses unsafe binds first."""
+    """Run the service until interrupted (`orchard serve`); refuses unsafe binds first.
+
+    `tls_cert`/`tls_key` (PEM files, both or neither): serve HTTPS, e.g. under the wildcard
+    name of E2B's host routing (docs/e2b.md), with no front proxy."""
     config.check_bind(None if uds else host, uds)
+    _check_tls(tls_cert, tls_key)
     app = create_app(config)
     _tune_gc()
     server = _Server(
@@ -77,12 +84,26 @@ def serve(
             server_header=False,
             lifespan="on",  # a failed startup must stop the server, not serve without state
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            ssl_certfile=tls_cert,
+            ssl_keyfile=tls_key,
         )
     )
     if uds:
         server.run(sockets=[unix_socket(uds)])
     else:
         server.run()
+
+
+def _check_tls(cert: str | None, key: str | None) -> None:
+    """A TLS pair that loads, or none: a usage error, not uvicorn's traceback at start."""
+    if (cert is None) != (key is None):
+        raise ConfigError("TLS needs both a certificate and its key (--tls-cert, --tls-key)")
+    if cert is None or key is None:
+        return
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"--tls-cert/--tls-key do not load: {e}") from None
 
 
 def _tune_gc() -> None:

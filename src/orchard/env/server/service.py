@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import secrets
 import time
 from collections.abc import Coroutine
@@ -18,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from orchard.env.backends.base import Backend, OrphanCleaner, SandboxRecord, SandboxSpec
+from orchard.env.backends.replicated import ReplicaShared
 from orchard.env.backends.volume_base import mount_strings
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
@@ -27,6 +27,7 @@ from orchard.env.errors import (
     OrchardError,
     SandboxExited,
     SandboxPaused,
+    ServiceStopping,
     Unavailable,
 )
 from orchard.env.models import (
@@ -40,8 +41,9 @@ from orchard.env.models import (
 from orchard.env.server.admission import Admission
 from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.metrics import Metrics
-from orchard.env.server.pools import PoolManager, check_not_batch
-from orchard.env.server.sizing import no_limit, size
+from orchard.env.server.pools import check_not_batch
+from orchard.env.server.pools_cluster import pool_manager
+from orchard.env.server.sizing import no_limit, parse_memory, size
 from orchard.env.server.state import expire_snapshots, paused_error, spec_from_snapshot
 from orchard.env.server.volumes import expire_volumes, resolve_mounts
 
@@ -52,34 +54,14 @@ log = logging.getLogger("orchard.service")
 RESERVED_LABEL_PREFIX = "orchard."
 # ... and env names: the agent's own (its token); the backends refuse them too.
 RESERVED_ENV_PREFIX = "ORCHARD_AGENT_"
-_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-# Beyond any machine, and within the engine's int64 (2**70 came back as a Docker 500).
-MAX_MEMORY_BYTES = 1 << 50
 # How long a cancelled create (client gone, SIGTERM) lets its backend call finish so that
 # what it made can be removed; within the 10 s a stopping service has.
 CANCEL_GRACE_S = 4.0
+# How long a stopping service waits for the backend calls it cancelled (their own undo of a
+# half-made sandbox) before it closes the backend under them; within the same 10 s.
+UNDO_GRACE_S = 2.0
 # The least time a 404 for a sandbox id takes, so a foreign id and an unknown one look alike.
 NOT_FOUND_FLOOR_S = 0.05
-
-
-def parse_memory(value: str | int | None) -> int | None:
-    """Bytes from an int or a string like '512m', '2g', '1.5GiB' (binary units)."""
-    if value is None:
-        return None
-    if isinstance(value, int):
-        n = value
-    else:
-        m = _MEMORY_RE.match(value)
-        if not m:
-            raise InvalidRequest(f"invalid memory size {value!r} (use bytes, or e.g. '512m', '2g')")
-        size = float(m.group(1)) * _UNITS[m.group(2).lower()]  # may be inf: "9" * 400
-        n = int(size) if size <= MAX_MEMORY_BYTES else MAX_MEMORY_BYTES + 1
-    if n < 4 << 20:
-        raise InvalidRequest(f"memory must be at least 4 MiB, got {value!r}")
-    if n > MAX_MEMORY_BYTES:
-        raise InvalidRequest(f"memory must be at most 1 PiB, got {str(value)[:40]!r}")
-    return n
 
 
 def new_sandbox_id() -> str:
@@ -112,10 +94,13 @@ class SandboxService:
         self.last_reconcile_ok = True
         host = backend.name != "kubernetes"  # a cluster's scheduler decides there
         self.admission = Admission(config, self.metrics, host, no_limit(backend))
+        # Shared with other replicas (backends/replicated.py): reaps re-read, activity told.
+        self._shared = backend if isinstance(backend, ReplicaShared) else None
         self.stopping = False  # asked to stop: no new creates, the running ones cancelled
         self._create_tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.pools = PoolManager(self)  # warm pools (server/pools.py)
+        # Warm pools: server/pools.py, or the cluster's when replicas share them.
+        self.pools = pool_manager(self)
 
     # ------------------------------------------------------------ lifecycle of the service
 
@@ -157,6 +142,8 @@ class SandboxService:
         for conn in list(self._conns.values()):
             await conn.aclose()
         self._conns.clear()
+        if self._abandoned:  # cancelled backend calls still removing what they half-made
+            await asyncio.wait(set(self._abandoned), timeout=UNDO_GRACE_S)
         await self.backend.close()
 
     async def _reconcile_loop(self) -> None:
@@ -293,7 +280,7 @@ class SandboxService:
         """Run a create as a task the service can cancel when it is asked to stop."""
         if self.stopping:
             work.close()
-            raise Unavailable("the service is stopping; retry on another replica or later")
+            raise ServiceStopping("the service is stopping; retry on another replica or later")
         task = asyncio.ensure_future(work)
         self._create_tasks.add(task)
         # Dropped once it is really over (its clean-up too), which `stop()` waits for.
@@ -303,7 +290,7 @@ class SandboxService:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if task.cancelled() and self.stopping and not (current and current.cancelling()):
-                raise Unavailable("the service is stopping: the create was undone") from None
+                raise ServiceStopping(ServiceStopping.UNDONE) from None
             raise
 
     async def create(self, owner: str, req: SandboxCreate) -> Sandbox:
@@ -346,6 +333,8 @@ class SandboxService:
                 rec = await self._wait_ready(rec, time.monotonic() + self.config.ready_timeout_s)
             else:
                 self._pending.add(rec.id)
+            if self._shared is not None:  # no other replica may take it for abandoned now
+                await self._bounded(self._shared.handed_over(rec.id), f"sandbox {rec.id}")
             self.touch(rec.id)  # the idle clock starts once the create is done
             return self.to_model(rec)
         except BaseException:
@@ -455,17 +444,22 @@ class SandboxService:
             # still make what it was asked for once nobody listens, and nobody removes it.
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
-            task.cancel()
+            task.cancel()  # its own undo runs on; `stop()` waits for it before closing
+            self._abandon(task)
             raise
         if not done:
             task.cancel()
-            self._abandoned.add(task)
-            task.add_done_callback(self._abandoned.discard)
+            self._abandon(task)
             raise Unavailable(
                 f"{what}: the {self.backend.name} backend did not finish within "
                 f"{self.config.create_timeout_s:g} s (is it stalled?)"
             )
         return task.result()
+
+    def _abandon(self, task: asyncio.Task[Any]) -> None:
+        if not task.done():
+            self._abandoned.add(task)
+            task.add_done_callback(self._abandoned.discard)
 
     async def _remove(self, sandbox_id: str) -> None:
         try:
@@ -509,7 +503,9 @@ class SandboxService:
     # ------------------------------------------------------------ data path
 
     def touch(self, sandbox_id: str) -> None:
-        self._activity[sandbox_id] = time.time()
+        self._activity[sandbox_id] = now = time.time()
+        if self._shared is not None:  # the other replicas' idle clocks read it
+            self._shared.note_activity(sandbox_id, now)
 
     def _conn(self, rec: SandboxRecord) -> AgentClient:
         conn = self._conns.get(rec.id)
@@ -625,11 +621,13 @@ class SandboxService:
                 removed[reason].append(rec.id)
         # Adopted sandboxes whose agent already answers are ready, not pending.
         await self._probe_pending([r for r in records if r.id not in self._inflight])
-        jobs = [self._remove(i) for ids in removed.values() for i in ids]
-        results = await asyncio.gather(*jobs, return_exceptions=True)
-        for r in results:
+        jobs = [(why, i) for why, ids in removed.items() for i in ids]
+        results = await asyncio.gather(*(self._reap(i, w) for w, i in jobs), return_exceptions=True)
+        for (why, i), r in zip(jobs, results, strict=True):
             if isinstance(r, BaseException):
                 log.warning("reconcile: delete failed: %s", r)
+            elif r is False:  # another replica changed it meanwhile (extended, used)
+                removed[why].remove(i)
         if isinstance(self.backend, OrphanCleaner):
             # Host leftovers the backend cannot list as sandboxes (e.g. folders with no container).
             try:
@@ -654,6 +652,24 @@ class SandboxService:
                 log.info("reconcile removed %d %s sandboxes: %s", len(ids), reason, ids)
         return removed
 
+    async def _reap(self, sandbox_id: str, reason: str) -> bool:
+        """Remove what reconcile found expired, idle or orphaned. Where replicas share the
+        backend, only if a fresh read still finds it so and nothing changed it since: the
+        view listed here may be a moment older than another replica's extend or exec."""
+        if self._shared is None:
+            await self._remove(sandbox_id)
+            return True
+
+        def still(rec: SandboxRecord) -> bool:
+            return self._removal_reason(rec, time.time()) == reason
+
+        call = self._shared.delete_if(sandbox_id, still)
+        if not await self._bounded(call, f"sandbox {sandbox_id}: delete"):
+            return False
+        await self._drop_conn(sandbox_id)
+        self._forget(sandbox_id)
+        return True
+
     def _removal_reason(self, rec: SandboxRecord, now: float) -> str | None:
         if rec.id in self._inflight:
             return None  # half-made: removing it now would fail the create with a 409
@@ -661,14 +677,18 @@ class SandboxService:
             return "orphan"  # e.g. made by a stalled engine after its create was abandoned
         if not rec.owner or not rec.id or rec.expires_at <= 0:
             return "orphan"
-        if rec.state == "pending" and now - rec.created_at > self.config.ready_timeout_s + 5:
+        shared = self._shared is not None and self._shared.coordinates_replicas
+        stale = now - rec.created_at > self.config.ready_timeout_s + 5
+        if rec.state == "pending" and stale and not shared:
             # Created but never started (the creating service died between the two calls):
-            # nobody can use it and no create is still waiting for it.
+            # nobody can use it and no create is still waiting for it. Where replicas share
+            # the backend, another one may still wait: the backend finds the dead ones.
             return "orphan"
         if rec.expires_at <= now:
             return "expired"
         if rec.idle_timeout_s and rec.state != "paused":  # no idle clock while paused
             last = max(self._activity.get(rec.id, 0.0), self.started_at, rec.created_at)
+            last = max(last, rec.active_at or 0.0)  # another replica's (replicated.py)
             if now - last >= rec.idle_timeout_s:
                 return "idle"
         return None

@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import InvalidRequest
+from orchard.env.input_limits import parse_size
 
 
 def meminfo(name: str) -> int | None:
@@ -39,6 +40,14 @@ def host_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def parse_memory(value: str | int | None) -> int | None:
+    """Bytes from an int or a string like '512m', '2g', '1.5GiB' (input_limits.parse_size)."""
+    try:
+        return parse_size(value, "memory", 4 << 20)
+    except ValueError as e:
+        raise InvalidRequest(str(e)) from None
 
 
 def size(

@@ -1,13 +1,13 @@
 """Volumes in the service (docs/volumes.md): create, get, list, delete, mount, expire.
 
 Tenancy as for sandboxes and snapshots: a volume is found by its owner and name, and
-another owner's volume is simply not found (404) for get, delete and mount. What the
-backend cannot do answers 501 `not_supported` (kubernetes: docs/volumes.md says why).
+another owner's volume is simply not found (404) for get, delete and mount. The storage
+is the backend's (volume_api.BackendVolumes: host folders, or PVCs on kubernetes); a
+backend without one answers 501 `not_supported`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import posixpath
 import re
 import time
@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from orchard.env.backends.base import Backend
+from orchard.env.backends.volume_api import BackendVolumes, volumes_of
 from orchard.env.backends.volume_base import (
     VolumeMount,
     VolumeRecord,
@@ -23,7 +24,6 @@ from orchard.env.backends.volume_base import (
     new_volume_id,
     reserved_by,
 )
-from orchard.env.backends.volume_host import VolumeHost
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
     InvalidMount,
@@ -31,10 +31,8 @@ from orchard.env.errors import (
     NotFound,
     NotSupported,
     QuotaExceeded,
-    VolumeExists,
-    VolumeInUse,
 )
-from orchard.env.volume_models import VOLUME_NAME_PATTERN, Volume, VolumeCreate
+from orchard.env.models.volume import VOLUME_NAME_PATTERN, Volume, VolumeCreate
 
 MAX_MOUNTS = 16
 MAX_VOLUMES = 1000  # per owner: stops a runaway loop, not work (a fixed cap, no limits key)
@@ -49,15 +47,11 @@ class VolumeService(Protocol):
     config: ServiceConfig
 
 
-def _host(backend: Backend) -> VolumeHost:
-    if not isinstance(backend, VolumeHost):
-        why = (
-            " (a pod has no host folder of ours to bind; a PVC per volume is not built)"
-            if backend.name == "kubernetes"
-            else ""
-        )
-        raise NotSupported(f"volumes are not supported on the {backend.name} backend{why}")
-    return backend
+def _store(backend: Backend) -> BackendVolumes:
+    store = volumes_of(backend)
+    if store is None:
+        raise NotSupported(f"volumes are not supported on the {backend.name} backend")
+    return store
 
 
 _bad_mount = bad_mount
@@ -115,14 +109,14 @@ def resolve_mounts(
     if not volumes:
         return ()
     wanted = parse_mounts(volumes)
-    store = _host(svc.backend).volume_store
+    store = _store(svc.backend)
     limit = svc.config.limits.of(owner).max_volume_bytes
     mounts = []
     for target, name, read_only in wanted:
-        rec = store.find(owner, name)
-        if rec is None:
+        volume_id = store.mount_id(owner, name)
+        if volume_id is None:
             raise NotFound(f"no volume {name!r}", details={"volume": name})
-        mounts.append(VolumeMount(rec.id, rec.name, target, read_only, limit))
+        mounts.append(VolumeMount(volume_id, name, target, read_only, limit))
     return tuple(mounts)
 
 
@@ -134,8 +128,7 @@ def _dt(ts: float | None) -> datetime | None:
 
 
 async def _model(svc: VolumeService, rec: VolumeRecord, users: dict[str, list[str]]) -> Volume:
-    host = _host(svc.backend)
-    size = await asyncio.to_thread(host.volume_store.size, rec.id)
+    size = await _store(svc.backend).size(rec)
     return Volume(
         id=rec.id,
         name=rec.name,
@@ -153,72 +146,56 @@ def _check_name(name: str) -> None:
         raise InvalidRequest(f"invalid volume name {name[:64]!r}")
 
 
-def _owned(svc: VolumeService, owner: str, name: str) -> VolumeRecord:
+async def _owned(svc: VolumeService, owner: str, name: str) -> VolumeRecord:
     _check_name(name)
-    rec = _host(svc.backend).volume_store.find(owner, name)
+    rec = await _store(svc.backend).find(owner, name)
     if rec is None:
         raise NotFound(f"no volume {name!r}")
     return rec
 
 
 async def create_volume(svc: VolumeService, owner: str, body: VolumeCreate) -> Volume:
-    host = _host(svc.backend)
-    store = host.volume_store
-    async with store.lock:
-        held = [r for r in store.all() if r.owner == owner]
-        if len(held) >= MAX_VOLUMES:
-            raise QuotaExceeded(
-                f"at most {MAX_VOLUMES} volumes per owner: delete some first",
-                details={"limit": "max_volumes", "value": MAX_VOLUMES, "held": len(held)},
-            )
-        if any(r.name == body.name for r in held):
-            raise VolumeExists(
-                f"volume {body.name!r} already exists", details={"volume": body.name}
-            )
-        now = time.time()
-        expires = now + body.timeout_s if body.timeout_s is not None else None
-        rec = VolumeRecord(new_volume_id(), owner, body.name, now, expires, dict(body.labels))
-        store.create(rec)
+    """409 `volume_exists` for a name the owner has; a size over its max_volume_bytes is
+    429 `quota_exceeded` (kubernetes: the claim's request; elsewhere only recorded)."""
+    store = _store(svc.backend)
+    limit = svc.config.limits.of(owner).max_volume_bytes
+    if body.size_bytes is not None and limit is not None and body.size_bytes > limit:
+        raise QuotaExceeded(
+            f"a volume of {body.size_bytes} bytes is over the limit of {limit}",
+            details={"limit": "max_volume_bytes", "value": limit},
+        )
+    held = await store.count(owner)
+    if held >= MAX_VOLUMES:
+        raise QuotaExceeded(
+            f"at most {MAX_VOLUMES} volumes per owner: delete some first",
+            details={"limit": "max_volumes", "value": MAX_VOLUMES, "held": held},
+        )
+    now = time.time()
+    expires = now + body.timeout_s if body.timeout_s is not None else None
+    rec = VolumeRecord(new_volume_id(), owner, body.name, now, expires, dict(body.labels))
+    rec = await store.create(rec, body.size_bytes if body.size_bytes is not None else limit)
     return await _model(svc, rec, {})
 
 
 async def get_volume(svc: VolumeService, owner: str, name: str) -> Volume:
-    rec = _owned(svc, owner, name)
-    return await _model(svc, rec, await _host(svc.backend).volume_users())
+    rec = await _owned(svc, owner, name)
+    return await _model(svc, rec, await _store(svc.backend).users())
 
 
 async def list_volumes(svc: VolumeService, owner: str) -> list[Volume]:
-    host = _host(svc.backend)
-    mine = [r for r in host.volume_store.all() if r.owner == owner]
-    users = await host.volume_users() if mine else {}
+    store = _store(svc.backend)
+    mine = await store.list(owner)
+    users = await store.users() if mine else {}
     return [await _model(svc, r, users) for r in mine]
 
 
 async def delete_volume(svc: VolumeService, owner: str, name: str) -> None:
-    """409 `volume_in_use` while a sandbox mounts it; else its folder goes now."""
-    host = _host(svc.backend)
-    store = host.volume_store
-    async with store.lock:
-        rec = _owned(svc, owner, name)
-        # Hidden first, so a create racing this one fails to find it (volume_host.py).
-        store.set_deleted(rec.id, True)
-        try:
-            users = (await host.volume_users()).get(rec.id, [])
-        except BaseException:  # cancelled, or the engine failed: the volume stays
-            store.set_deleted(rec.id, False)
-            raise
-        if users:
-            store.set_deleted(rec.id, False)
-            raise VolumeInUse(
-                f"volume {name!r} is mounted by {len(users)} sandbox(es): delete them first",
-                details={"volume": name, "sandboxes": sorted(users)},
-            )
-        # Off the event loop: a cache of many files takes a while to remove.
-        await asyncio.to_thread(store.remove, rec.id)
+    """409 `volume_in_use` while a sandbox mounts it; else its storage goes now."""
+    rec = await _owned(svc, owner, name)
+    await _store(svc.backend).delete(rec)
 
 
 async def expire_volumes(svc: VolumeService) -> list[str]:
     """Reconcile's share: the storage of expired, deleted and half-made volumes, once unused."""
-    if not isinstance(svc.backend, VolumeHost):
-        return []
-    return await svc.backend.sweep_volumes()
+    store = volumes_of(svc.backend)
+    return await store.sweep() if store is not None else []

@@ -3,7 +3,9 @@ Inspect's own `.eval` file (through `inspect_ai.log.write_eval_log`), so `inspec
 opens it: one sample per attempt, the transcript with every tool call and its output, the
 family's score with its explanation, and timings, tokens and ids in the metadata.
 
-Families know nothing of Inspect; the CLI calls this after `orchard <family> run`.
+Families know nothing of Inspect; the CLI calls this after `orchard <family> run`. A GRPO
+run (`orchard train grpo --out OUT`) converts too (`grpo`): one sample per episode of its
+groups (`orchard train export-log OUT`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from inspect_ai.log import EvalLog, write_eval_log
 
 from orchard.integrations.inspect_log._common import Run, build_log
 
-FAMILIES = ("swe", "claw", "gui")
+FAMILIES = ("swe", "claw", "gui", "grpo")  # grpo: a training run's groups
 LOG_NAME = "run.eval"
 
 
@@ -32,6 +34,10 @@ def convert(run_dir: Path, family: str) -> EvalLog:
         from orchard.integrations.inspect_log import gui
 
         run = gui.run(run_dir)
+    elif family == "grpo":
+        from orchard.integrations.inspect_log import grpo
+
+        run = grpo.run(run_dir)
     else:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}")
     return build_log(run)

@@ -111,7 +111,7 @@ def sample(run_dir: Path, row: dict[str, Any], safety: set[str] | None = None) -
             "user": traj.user,
             "audit": world.get("audit", []),
             "final_state": world.get("state", {}),
-            "sandbox_id": world.get("sandbox_id"),
+            "sandbox_id": world.get("sandbox_id") or row.get("sandbox_id"),
             "trajectory": str(traj_path),
         },
         model_usage={model: usage(traj.prompt_tokens, traj.completion_tokens)},

@@ -152,7 +152,7 @@ def sample(result: Path) -> EvalSample:
                 "wall_s": wall,
             },
             "final_state": json.loads(state_path.read_text()) if state_path.exists() else None,
-            "sandbox_id": traj.config.get("sandbox_id"),
+            "sandbox_id": traj.sandbox_id,
             "result": str(result),
         },
         model_usage={model: usage(pt, ct)},

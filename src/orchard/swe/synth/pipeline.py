@@ -16,14 +16,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchard.swe import layers
 from orchard.swe.grading import Prediction, grade
 from orchard.swe.prepare import Preparer
-from orchard.swe.synth import bugs, image, rows, source, statement, validate
-from orchard.swe.tasks import Task
+from orchard.swe.synth import bugs, deps, image, rows, source, statement, validate
+from orchard.swe.tasks import DEFAULT_WORKDIR, Task
 
 if TYPE_CHECKING:
-    from orchard.agents.llm import ChatModel
     from orchard.env.sdk import Orchard
+    from orchard.llm.client import ChatModel
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Counts:
     image_s: float = 0.0
     fork: bool = True
     notice: str = ""
+    test_deps: list[str] = field(default_factory=list)  # the pinned wheels in the image
 
     def drop(self, why: str) -> None:
         self.dropped[why] = self.dropped.get(why, 0) + 1
@@ -93,14 +95,23 @@ def synthesize(
     cache: Path | None = None,
     model: ChatModel | None = None,
     progress: Progress | None = None,
+    test_deps: Sequence[str] | None = None,
 ) -> Counts:
     """Make up to `n` validated task rows from `spec` (NAME==VERSION), appended to `out`.
-    `model` writes the problem statements (else a template over the failing tests)."""
+    `model` writes the problem statements (else a template over the failing tests).
+    `test_deps` (requirements) replaces what the sdist declares its tests need."""
     counts, lock = Counts(fork=fork), threading.Lock()
     tell = progress or (lambda c: None)
     project = source.fetch(spec, cache)
     t0 = time.monotonic()
-    tag, _ = image.project_image(project.root, project.slug)
+    wanted = (
+        deps.declared(project.root, project.name)
+        if test_deps is None
+        else deps.normalise(test_deps, project.name)
+    )
+    python = deps.image_python(layers.base_image()) if wanted else ""
+    counts.test_deps = deps.resolve(wanted, python, cache, project=project.name)
+    tag, _ = image.project_image(project.root, project.slug, pins=counts.test_deps, cache=cache)
     counts.image_s = time.monotonic() - t0
     labels = {"swe": "synth", **(labels or {})}
     spath = state_path(out)
@@ -150,7 +161,18 @@ def synthesize(
                     break
                 work = [
                     pool.submit(
-                        _one, client, project, prepared, base, c, tag, seed, timeout, fork, model
+                        _one,
+                        client,
+                        project,
+                        prepared,
+                        base,
+                        c,
+                        tag,
+                        seed,
+                        timeout,
+                        fork,
+                        model,
+                        counts.test_deps,
                     )
                     for c in wave
                 ]
@@ -192,6 +214,9 @@ def _prepare(
             base = validate.baseline(sb, project.tests, project.packages, slow_s=slow_s)
             if not base.passing:
                 raise source.SourceError(f"{project.slug}: no test passes reliably")
+            # What the runs left that is not ignored goes, so a copy of this sandbox and a
+            # fresh one set up by a row commit the same tree (the same base_commit).
+            sb.exec(["bash", "-c", "git clean -fdq; rm -rf .hypothesis"], cwd=DEFAULT_WORKDIR)
             with spath.open("a") as fh:
                 fh.write(json.dumps({"kind": "baseline", "image": prepared.image, **asdict(base)}))
                 fh.write("\n")
@@ -237,6 +262,7 @@ def _one(
     timeout: float,
     fork: bool,
     model: ChatModel | None = None,
+    test_deps: Sequence[str] = (),
 ) -> tuple[dict[str, Any], Task | None]:
     """Validate one candidate: its tests, then (if kept) its row through grading itself."""
     rec: dict[str, Any] = {"id": cand.id, "strategy": cand.strategy, "entity": cand.entity}
@@ -276,6 +302,7 @@ def _one(
         problem_statement=text,
         statement_by=by,
         run_seed=seed,
+        test_deps=test_deps,
     )
     rec["status"] = check_row(client, row, fork=fork, timeout_s=timeout, labels=prepared.labels)
     return rec, row if rec["status"] == "kept" else None

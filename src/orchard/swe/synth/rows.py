@@ -12,10 +12,8 @@ from typing import Any
 
 from orchard.swe.synth.bugs import Candidate
 from orchard.swe.synth.source import Project
-from orchard.swe.tasks import DEFAULT_WORKDIR, SAMPLE_DIR, Task
+from orchard.swe.tasks import DEFAULT_WORKDIR, Task
 
-# The shipped synthesized set: one .jsonl per project, made by `orchard swe synth`.
-REAL_DIR = SAMPLE_DIR / "real"
 _MAX_SHOWN = 5
 _MIN_LEAK = 10  # shorter changed lines (`pass`, `else:`) are words, not a leak
 
@@ -89,6 +87,7 @@ def task_row(
     problem_statement: str,
     statement_by: str,
     run_seed: int,
+    test_deps: Sequence[str] = (),
 ) -> Task:
     """The row: gold = the reverse of the bug; the bug itself goes in at set-up."""
     repo = f"pypi/{project.name}"
@@ -111,7 +110,11 @@ def task_row(
             "eval_script": eval_script,
             "log_parser": "parse_log_pytest",
             "eval_type": "pass_and_fail",
-            "synth": {**_provenance(project, cand, run_seed), "statement": statement_by},
+            "synth": {
+                **_provenance(project, cand, run_seed),
+                "statement": statement_by,
+                **({"test_deps": list(test_deps)} if test_deps else {}),
+            },
         }
     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from orchard.agents.llm import ChatModel, ModelError, OpenAIModel
+from orchard.llm.client import ChatModel, ModelError, OpenAIModel
 from orchard.swe.synth.rows import leaks, messages, statement
 
 PROMPT = """You are writing a GitHub issue for the Python project {name} {version}.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from swebench.harness.log_parsers.python import parse_log_pytest  # type: ignore[import-untyped]
 
 from orchard.env.errors import NotSupported, OrchardError
-from orchard.swe.images import GIT_ENV
+from orchard.swe.layers import GIT_ENV
 from orchard.swe.tasks import DEFAULT_TEST_CMD, DEFAULT_WORKDIR
 
 if TYPE_CHECKING:

@@ -7,7 +7,8 @@ Two surfaces on the same port, beside Orchard's own routes (docs/e2b.md):
 - envd, the in-sandbox daemon (`E2B_SANDBOX_URL`, routed by the `E2b-Sandbox-Id`
   header): `process`, `filesystem` and `watch` (Connect RPC, framed by `connect`), `files`
   (`/health`, `/files`, with `multipart`), all translated to the sandbox's Orchard agent
-  through the service's agent client; `access` admits each request by its envd token;
+  through the service's agent client; `access` admits each request by its envd token
+  (`signed`: or `/files` by the SDK's signed URL);
 - the sandbox's other ports (`E2b-Sandbox-Port`, e.g. the code interpreter's):
   `traffic`, through Orchard's port proxy.
 

@@ -18,7 +18,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ from orchard.env.server.e2b.connect import (
     unary_error,
     unary_request,
 )
+from orchard.env.server.e2b.shapes import sandbox_domain
 from orchard.env.server.service import SandboxService
 
 ENVD_PORT = 49983
@@ -53,7 +53,6 @@ SANDBOX_HEADER = "e2b-sandbox-id"
 PORT_HEADER = "e2b-sandbox-port"
 TOKEN_HEADER = "x-access-token"
 TRAFFIC_HEADER = "e2b-traffic-access-token"
-DOMAIN_ENV = "ORCHARD_E2B_DOMAIN"
 
 
 def _hmac(secret: bytes, *parts: str) -> str:
@@ -154,8 +153,10 @@ def basic_user(request: Request) -> str | None:
 
 
 def _domain() -> str:
-    """The domain sandboxes are reached under by host name (`ORCHARD_E2B_DOMAIN`), if any."""
-    return os.environ.get(DOMAIN_ENV, "").strip().strip(".").lower()
+    """The host name sandboxes are named under (`ORCHARD_E2B_DOMAIN` less any port), or ""."""
+    domain = sandbox_domain() or ""
+    name, _, port = domain.rpartition(":")
+    return name if port.isdigit() else domain
 
 
 def target(scope: Scope) -> tuple[str, str] | None:

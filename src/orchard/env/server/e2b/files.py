@@ -6,6 +6,7 @@ these paths are none of Orchard's routes (404, as before; Orchard's own health i
 `/healthz`). Errors are envd's `{"code": status, "message": ...}`; a sandbox that is not
 running is a 502 saying it "was not found", as E2B's proxy answers (the SDK's cue for
 SandboxNotRunningException). Uploads stream to the agent under the service's upload limit.
+`/files` also takes the SDK's signed URLs instead of the token header (signed.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from orchard.env.server.e2b.access import Envd, NotRouted, admit
 from orchard.env.server.e2b.connect import CODE_STATUS, RpcError
 from orchard.env.server.e2b.filesystem import resolve
 from orchard.env.server.e2b.multipart import MultipartError, Reader, boundary_of
+from orchard.env.server.e2b.signed import READ, WRITE, admit_file
 from orchard.env.server.relay import check_length, limited
 
 router = APIRouter(include_in_schema=False)
@@ -41,12 +43,16 @@ def _error(err: RpcError) -> Response:
 Handler = Callable[[Request, Envd], Awaitable[Response]]
 
 
-def _envd_http(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Admit the request (404 unless routed to a sandbox), answer failures as envd's."""
+def _envd_http(
+    handler: Handler, signed: str | None = None
+) -> Callable[[Request], Awaitable[Response]]:
+    """Admit the request (404 unless routed to a sandbox; `signed`: a signed URL for that
+    operation may stand for the token), answer failures as envd's."""
 
     async def endpoint(request: Request) -> Response:
         try:
-            return await handler(request, await admit(request))
+            envd = await (admit_file(request, signed) if signed else admit(request))
+            return await handler(request, envd)
         except NotRouted:
             raise NotFound(f"no route {request.method} {request.url.path}") from None
         except RpcError as e:
@@ -154,5 +160,5 @@ async def upload(request: Request, envd: Envd) -> Response:
 
 
 router.add_api_route("/health", _envd_http(health), methods=["GET"])
-router.add_api_route("/files", _envd_http(download), methods=["GET"])
-router.add_api_route("/files", _envd_http(upload), methods=["POST"])
+router.add_api_route("/files", _envd_http(download, READ), methods=["GET"])
+router.add_api_route("/files", _envd_http(upload, WRITE), methods=["POST"])

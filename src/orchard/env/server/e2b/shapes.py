@@ -28,6 +28,7 @@ from orchard.env.models import NetworkPolicy, Sandbox
 
 TEMPLATES_ENV = "ORCHARD_E2B_TEMPLATES"
 READY_ENV = "ORCHARD_E2B_READY_PORTS"
+DOMAIN_ENV = "ORCHARD_E2B_DOMAIN"
 TEMPLATE_LABEL = "e2b.template"
 LABEL_PREFIX = "e2b."
 # What the SDK reads to decide which envd features it may use: a default user (0.4.0),
@@ -72,6 +73,13 @@ def ready_ports() -> dict[str, int]:
             raise InvalidRequest(f"{READY_ENV}: {port!r} is not a port")
         out[name] = int(port)
     return out
+
+
+def sandbox_domain() -> str | None:
+    """The domain sandboxes are reached under by host name (`ORCHARD_E2B_DOMAIN`, with a
+    `:port` if the listener is not on 443), answered as a sandbox's `domain`: the SDK then
+    names its hosts (`get_host`, and its URLs when E2B_SANDBOX_URL is unset) under it."""
+    return os.environ.get(DOMAIN_ENV, "").strip().strip(".").lower() or None
 
 
 def image_for(template_id: str) -> str:
@@ -120,7 +128,7 @@ def created(sandbox: Sandbox, token: str, traffic: str | None = None) -> dict[st
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": token,
         "alias": template_of(sandbox),
-        "domain": None,
+        "domain": sandbox_domain(),
         "trafficAccessToken": traffic,
     }
 
@@ -149,7 +157,7 @@ def detail(sandbox: Sandbox, token: str) -> dict[str, Any]:
     return {
         **listed(sandbox),
         "envdAccessToken": token,
-        "domain": None,
+        "domain": sandbox_domain(),
         "allowInternetAccess": sandbox.network.egress != "none",
     }
 

@@ -17,10 +17,10 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from orchard.env.errors import InvalidRequest, MemoryNotSupported, NotFound
+from orchard.env.models.state import ForkRequest, Snapshot, SnapshotCreate
 from orchard.env.server import state
 from orchard.env.server.e2b import shapes
 from orchard.env.server.e2b.control import Call, find_snapshot, json_answer, route, seconds
-from orchard.env.state_models import ForkRequest, Snapshot, SnapshotCreate
 
 router = APIRouter(include_in_schema=False)
 MAX_PAGE = 1000

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from orchard._version import __version__
+from orchard.env.backends.replicated import ClusterQuota
 from orchard.env.errors import Unauthorized
 from orchard.env.models import Health, Usage
 from orchard.env.server.auth import Owner, Svc, authorize
@@ -54,5 +55,9 @@ async def metrics(owner: Owner, svc: Svc) -> Response:
 
 @router.get("/v1/usage", response_model=Usage)
 async def usage(owner: Owner, svc: Svc) -> Usage:
-    """What the caller's key holds now against its limits."""
-    return svc.admission.usage(owner, svc.records())
+    """What the caller's key holds now against its limits: counted by the backend where it
+    enforces the quota itself (a cluster's ResourceQuota: the same on every replica)."""
+    counted = None
+    if isinstance(svc.backend, ClusterQuota):
+        counted = await svc.backend.tenant_usage(owner)
+    return svc.admission.usage(owner, svc.records(), counted=counted)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
-from orchard.env.pool_models import POOL_NAME_PATTERN, Pool, PoolCreate, PoolList
+from orchard.env.models.pool import POOL_NAME_PATTERN, Pool, PoolCreate, PoolList
 from orchard.env.server.auth import Owner, Svc
 from orchard.env.server.routes._common import ERRORS
 
@@ -21,12 +21,12 @@ async def create_pool(body: PoolCreate, owner: Owner, svc: Svc) -> Pool:
 
 @router.get("/v1/pools", response_model=PoolList)
 async def list_pools(owner: Owner, svc: Svc) -> PoolList:
-    return PoolList(pools=svc.pools.list(owner))
+    return PoolList(pools=await svc.pools.list(owner))
 
 
 @router.get("/v1/pools/{name}", response_model=Pool)
 async def get_pool(name: Name, owner: Owner, svc: Svc) -> Pool:
-    return svc.pools.get(owner, name)
+    return await svc.pools.get(owner, name)
 
 
 @router.delete("/v1/pools/{name}", status_code=204)

@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Query, Request, Response
 
-from orchard.env.errors import InvalidRequest, OrchardError, Unavailable
+from orchard.env.errors import InvalidRequest, OrchardError, ServiceStopping, Unavailable
 from orchard.env.models import (
     BatchCreateResult,
     NetworkPolicy,
@@ -53,7 +53,7 @@ async def while_connected(request: Request, work: Coroutine[Any, Any, T]) -> T:
         # made is removed before the backend closes.
         with contextlib.suppress(BaseException):
             await asyncio.shield(task)
-        raise Unavailable("the service is stopping: the create was undone") from None
+        raise ServiceStopping(ServiceStopping.UNDONE) from None
 
 
 @router.post("/v1/sandboxes", status_code=201, response_model=Sandbox)

@@ -7,10 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from orchard.env.models import Sandbox
-from orchard.env.server import state
-from orchard.env.server.auth import Owner, Svc
-from orchard.env.server.routes._common import ERRORS, SB
-from orchard.env.state_models import (
+from orchard.env.models.state import (
     FileDiff,
     ForkRequest,
     ForkResult,
@@ -18,6 +15,9 @@ from orchard.env.state_models import (
     SnapshotCreate,
     SnapshotList,
 )
+from orchard.env.server import state
+from orchard.env.server.auth import Owner, Svc
+from orchard.env.server.routes._common import ERRORS, SB
 
 router = APIRouter(responses=ERRORS, tags=["state"])
 SNAP = "/v1/snapshots/{snapshot_id}"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
+from orchard.env.models.volume import Volume, VolumeCreate, VolumeList
 from orchard.env.server import volumes
 from orchard.env.server.auth import Owner, Svc
 from orchard.env.server.routes._common import ERRORS
-from orchard.env.volume_models import Volume, VolumeCreate, VolumeList
 
 router = APIRouter(responses=ERRORS, tags=["volumes"])
 VOL = "/v1/volumes/{name}"

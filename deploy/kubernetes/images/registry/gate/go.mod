@@ -1,0 +1,3 @@
+module orchard/registry-gate
+
+go 1.22

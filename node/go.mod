@@ -1,0 +1,3 @@
+module github.com/orchard-env/orchard/node
+
+go 1.22

@@ -1,0 +1,1 @@
+"""The synchronous client (`Orchard`) and its resources; `orchard.env.sdk` exports them."""
