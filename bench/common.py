@@ -403,10 +403,13 @@ class ServiceProcess:
         env.pop("ORCHARD_API_KEYS", None)
         cleanup.add("service state", lambda: shutil.rmtree(self.dir, ignore_errors=True))
         cleanup.add("sandboxes", self._remove_sandboxes)
+        # ORCHARD_BENCH_PROFILE=FILE: the service runs under cProfile and dumps its stats
+        # there when it stops (bench/profiled_serve.py), for `python -m pstats FILE`.
+        profile = os.environ.get("ORCHARD_BENCH_PROFILE")
+        entry = [str(ROOT / "bench" / "profiled_serve.py"), profile] if profile else []
         cli = [
             PY,
-            "-m",
-            "orchard.cli",
+            *(entry or ["-m", "orchard.cli"]),
             "serve",
             "--uds",
             str(self.socket),

@@ -11,6 +11,8 @@
 #   cluster.sh load IMAGE...    copy images from the local Docker engine into the cluster
 #   cluster.sh restart NAME     kill -9 one component (apiserver, etcd, kubelet, ...) and start
 #                               it again (for fault tests)
+#   cluster.sh stop NAME        stop one component and leave it stopped (the lost-node drill
+#                               stops the kubelet); `cluster.sh start NAME` starts it again
 #   cluster.sh kubeconfig       print the admin kubeconfig path
 #   cluster.sh bin              print the folder of the built binaries (kubectl, ...)
 #
@@ -490,6 +492,18 @@ cmd_restart() {
   log "restarted $name"
 }
 
+cmd_stop() {
+  [ -n "${1:-}" ] || die "usage: cluster.sh stop COMPONENT"
+  stop_pid "$1"
+  log "stopped $1"
+}
+
+cmd_start() {
+  [ -n "${1:-}" ] || die "usage: cluster.sh start COMPONENT"
+  start_component "$(node_name)" "$(node_ip)" "$1"
+  log "started $1"
+}
+
 stop_pid() {
   local name="$1" p i
   p="$(pid_of "$name")" || { rm -f "$RUN/$name.pid"; return 0; }
@@ -559,7 +573,9 @@ down) cmd_down ;;
 status) cmd_status ;;
 load) shift; import_images "$@" ;;
 restart) shift; cmd_restart "$@" ;;
+stop) shift; cmd_stop "$@" ;;
+start) shift; cmd_start "$@" ;;
 kubeconfig) echo "$KCFG/admin.kubeconfig" ;;
 bin) echo "$BIN" ;;
-*) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+*) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -29,12 +29,13 @@ import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig, codecs
 from lightkube.core.client import LabelSelector
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.networking_v1 import NetworkPolicy as K8sNetworkPolicy
 from lightkube.types import PatchType
 
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.backends.kubernetes import objects as objs
+from orchard.env.backends.kubernetes.nodes import NodesForbidden, NodeWatch
 from orchard.env.backends.kubernetes.objects import KubernetesOptions
 from orchard.env.backends.kubernetes.pools import PoolsMixin
 from orchard.env.backends.kubernetes.replicas import Replicas
@@ -109,6 +110,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         self.tenants = Tenants(self, limits) if options.tenant_namespaces else None
         self.replicas = Replicas(self) if options.replica_leases else None
         self.volumes = ClusterVolumes(self, self.tenants)  # PVCs (volume_store.py)
+        self.nodes = NodeWatch(self._list_nodes, self._mark_lost)  # nodes.py
 
     def default_size(self) -> tuple[float, int]:
         """What a sandbox that names no cpu/memory gets here (its requests): the service's
@@ -227,6 +229,29 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
     def _ensure_watch(self) -> None:
         if self._watch_task is None or self._watch_task.done():
             self._watch_task = asyncio.create_task(self._watch_loop(), name="orchard-k8s-watch")
+        self.nodes.ensure()
+
+    async def _list_nodes(self) -> builtins.list[dict[str, Any]]:
+        async def go() -> builtins.list[dict[str, Any]]:
+            return [_dict(n) async for n in self.client.list(Node)]
+
+        try:
+            async with self._sem:
+                return await go()
+        except httpx2.HTTPStatusError as e:
+            if e.response.status_code in (403, 404):
+                raise NodesForbidden(f"list nodes: {e.response.status_code}") from e
+            raise
+
+    async def _mark_lost(self, lost: dict[str, str]) -> None:
+        """Mark the sandboxes on lost nodes failed (nodes.py), once each."""
+        for sid, pod in builtins.list(self._pods.items()):
+            why = lost.get((pod.get("spec") or {}).get("nodeName") or "")
+            ann = (pod.get("metadata") or {}).get("annotations") or {}
+            if why and not ann.get(objs.A_NODE_LOST):
+                log.warning("sandbox %s failed: %s", sid, why)
+                with contextlib.suppress(OrchardError):
+                    await self._annotate(sid, {objs.A_NODE_LOST: why})
 
     async def _watch_loop(self) -> None:
         """List, then watch from that version; on any failure list again (after backoff)."""
@@ -618,6 +643,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watch_task
             self._watch_task = None
+        await self.nodes.close()
         await self._close_pools()  # warm pools (pools.py)
         if self.replicas is not None:
             await self.replicas.close()  # its lease: gone with it

@@ -44,6 +44,7 @@ A_PIDS = f"{GROUP}/pids"
 A_USER = f"{GROUP}/default-user"
 A_LABELS = f"{GROUP}/labels"
 A_PAUSED = f"{GROUP}/paused"  # "true" while the node helper has it frozen
+A_NODE_LOST = f"{GROUP}/node-lost"  # why its node was given up on (nodes.py)
 A_VOLUMES = f"{GROUP}/volumes"  # its mounts, JSON (kubernetes/volumes.py puts them in)
 # Replicas sharing one cluster (replicas.py): the replica still creating the pod, and the
 # last activity a replica wrote (for idle timeouts every replica reads).
@@ -640,6 +641,8 @@ def record_from_pod(pod: Mapping[str, Any], opts: KubernetesOptions) -> SandboxR
     state, exit_code, error = pod_state(pod)
     if state == "running" and ann.get(A_PAUSED) == "true":
         state = "paused"
+    if ann.get(A_NODE_LOST) and state in ("pending", "running", "paused"):
+        state, error = "failed", str(ann[A_NODE_LOST])
     ip = (pod.get("status") or {}).get("podIP")
     endpoint = AgentEndpoint(base_url=f"http://{_host(ip)}:{opts.agent_port}" if ip else None)
     try:
