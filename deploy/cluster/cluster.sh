@@ -50,6 +50,9 @@ REGISTRY_NAME=orchard-registry.orchard-system.svc:5000
 REGISTRY_IP=10.96.0.50
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy kube-router)
 
+# shellcheck source=node2.sh
+source "$HERE/node2.sh"
+
 build_key() { cat "$HERE/build/go.mod" "$HERE/build/go.sum" "$HERE/build/pause/main.go" | sha256sum | cut -c1-12; }
 BIN="$CACHE/k8s-v$K8S_VERSION-$(build_key)"
 KR_BIN="$CACHE/kube-router-v$KUBE_ROUTER_VERSION"
@@ -150,8 +153,8 @@ cert() {
   rm -f "$PKI/$name.csr" "$PKI/$name.ext"
 }
 
-kubeconfig() {  # kubeconfig NAME CERT: a kubeconfig for one client certificate
-  local out="$KCFG/$1.kubeconfig"
+kubeconfig() {  # kubeconfig NAME CERT [SERVER]: a kubeconfig for one client certificate
+  local out="$KCFG/$1.kubeconfig" server="${3:-https://127.0.0.1:6443}"
   [ -f "$out" ] && return 0
   cat >"$out" <<EOF
 apiVersion: v1
@@ -160,7 +163,7 @@ clusters:
 - name: orchard
   cluster:
     certificate-authority: $PKI/ca.crt
-    server: https://127.0.0.1:6443
+    server: $server
 users:
 - name: $1
   user:
@@ -228,17 +231,18 @@ put() {  # put FILE: stdin into FILE, only when it differs (components watch the
 
 kctl() { "$BIN/kubectl" --kubeconfig "$KCFG/admin.kubeconfig" "$@"; }
 
-write_configs() {
-  local node="$1" ip="$2"
-  mkdir -p "$STATE/containerd/certs.d/$REGISTRY_NAME" "$STATE/cni/net.d" "$STATE/cni/ipam" "$STATE/kubelet" "$RUN"
-  put "$STATE/containerd/config.toml" <<EOF
+# containerd_config SOCKET STATE_DIR CNI_DIR: one node's containerd. The root folder is the
+# same path on every node (node 2 has its own mounted there: node2.sh), as on real nodes,
+# so that the node helper's settings hold on each.
+containerd_config() {
+  cat <<EOF
 version = 2
 root = "$STATE/containerd/root"
-state = "$RUN/containerd"
+state = "$2"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
 [grpc]
-  address = "$CTR_SOCK"
+  address = "$1"
 [plugins."io.containerd.internal.v1.opt"]
   path = "$STATE/containerd/opt"
 [plugins."io.containerd.grpc.v1.cri"]
@@ -256,30 +260,30 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "$STATE/cni/net.d"
+    conf_dir = "$3"
   # One folder per registry name, each with a hosts.toml (read on every pull).
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "$STATE/containerd/certs.d"
 EOF
-  put "$STATE/containerd/certs.d/$REGISTRY_NAME/hosts.toml" <<EOF
-# Orchard's in-cluster registry: its Service's ClusterIP, plain HTTP (cluster-internal).
-server = "http://$REGISTRY_IP:5000"
-[host."http://$REGISTRY_IP:5000"]
-  capabilities = ["pull", "resolve"]
-EOF
-  put "$STATE/cni/net.d/10-orchard.conflist" <<EOF
+}
+
+cni_config() {  # cni_config BRIDGE SUBNET IPAM_DIR: one node's pod network
+  cat <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "orchard-k8s",
   "plugins": [
-    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": true, "hairpinMode": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$NODE_POD_CIDR"}]],
-              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$STATE/cni/ipam"}},
+    {"type": "bridge", "bridge": "$1", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$2"}]],
+              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$3"}},
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
 EOF
-  put "$STATE/kubelet/config.yaml" <<EOF
+}
+
+kubelet_config() {  # kubelet_config IP CERT SOCKET POD_LOGS_DIR
+  cat <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
@@ -288,10 +292,10 @@ authentication:
   x509: {clientCAFile: $PKI/ca.crt}
 authorization: {mode: Webhook}
 cgroupDriver: cgroupfs
-containerRuntimeEndpoint: unix://$CTR_SOCK
-tlsCertFile: $PKI/kubelet.crt
-tlsPrivateKeyFile: $PKI/kubelet.key
-address: $ip
+containerRuntimeEndpoint: unix://$3
+tlsCertFile: $PKI/$2.crt
+tlsPrivateKeyFile: $PKI/$2.key
+address: $1
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 failSwapOn: false
@@ -302,20 +306,38 @@ evictionHard: {memory.available: 200Mi, nodefs.available: 2%, imagefs.available:
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 resolvConf: /etc/resolv.conf
-podLogsDir: $STATE/pod-logs
+podLogsDir: $4
 EOF
-  put "$STATE/kube-proxy.yaml" <<EOF
+}
+
+kube_proxy_config() {  # kube_proxy_config NODE IP KUBECONFIG
+  cat <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-clientConnection: {kubeconfig: $KCFG/kube-proxy.kubeconfig}
+clientConnection: {kubeconfig: $3}
 mode: iptables
 clusterCIDR: $POD_CIDR
-hostnameOverride: $node
-bindAddress: $ip
+hostnameOverride: $1
+bindAddress: $2
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0}
 EOF
+}
+
+write_configs() {
+  local node="$1" ip="$2"
+  mkdir -p "$STATE/containerd/certs.d/$REGISTRY_NAME" "$STATE/cni/net.d" "$STATE/cni/ipam" "$STATE/kubelet" "$RUN"
+  containerd_config "$CTR_SOCK" "$RUN/containerd" "$STATE/cni/net.d" | put "$STATE/containerd/config.toml"
+  put "$STATE/containerd/certs.d/$REGISTRY_NAME/hosts.toml" <<EOF
+# Orchard's in-cluster registry: its Service's ClusterIP, plain HTTP (cluster-internal).
+server = "http://$REGISTRY_IP:5000"
+[host."http://$REGISTRY_IP:5000"]
+  capabilities = ["pull", "resolve"]
+EOF
+  cni_config "$BRIDGE" "$NODE_POD_CIDR" "$STATE/cni/ipam" | put "$STATE/cni/net.d/10-orchard.conflist"
+  kubelet_config "$ip" kubelet "$CTR_SOCK" "$STATE/pod-logs" | put "$STATE/kubelet/config.yaml"
+  kube_proxy_config "$node" "$ip" "$KCFG/kube-proxy.kubeconfig" | put "$STATE/kube-proxy.yaml"
 }
 
 # The host's FORWARD policy may be DROP (Docker sets it): let pod traffic through it. The
@@ -391,12 +413,13 @@ start_component() {
     start kube-router "$KR_BIN/kube-router" --kubeconfig "$KCFG/kube-router.kubeconfig" \
       --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
       --hostname-override "$node" --metrics-port 0 --health-port 20244 --v 1 ;;
-  *) die "unknown component $name (one of: ${COMPONENTS[*]})" ;;
+  *) n2_start_component "$name" ;;
   esac
 }
 
 import_images() {  # docker save IMAGES | ctr import, skipping what the node already has
-  local img have
+  local img have db="$STATE/images"
+  [ "$CTR_SOCK" = "$N2_SOCK" ] && db="$N2_STATE/images"  # what each node was given
   have="$(ctr -a "$CTR_SOCK" -n k8s.io images ls -q 2>/dev/null || true)"
   for img in "$@"; do
     local full="$img"
@@ -404,12 +427,12 @@ import_images() {  # docker save IMAGES | ctr import, skipping what the node alr
     case "$full" in *:*) ;; *) full="$full:latest" ;; esac
     local id
     id="$(docker image inspect --format '{{.Id}}' "$img" 2>/dev/null)" || die "image $img is not in the local Docker engine"
-    if grep -qxF "$full" <<<"$have" && [ "$(cat "$STATE/images/$(echo "$full" | tr '/:' '__')" 2>/dev/null)" = "$id" ]; then
+    if grep -qxF "$full" <<<"$have" && [ "$(cat "$db/$(echo "$full" | tr '/:' '__')" 2>/dev/null)" = "$id" ]; then
       continue
     fi
     log "loading $img into the cluster"
     docker save "$img" | ctr -a "$CTR_SOCK" -n k8s.io images import --no-unpack=false - >/dev/null
-    mkdir -p "$STATE/images" && echo "$id" >"$STATE/images/$(echo "$full" | tr '/:' '__')"
+    mkdir -p "$db" && echo "$id" >"$db/$(echo "$full" | tr '/:' '__')"
   done
 }
 
@@ -469,14 +492,15 @@ cmd_up() {
   kctl apply --server-side --force-conflicts -f "$HERE/rbac.yaml" >/dev/null
   deploy_local_path
   wait_for "node $node" 120 kctl wait --for=condition=Ready "node/$node" --timeout=2s
+  if n2_wanted; then n2_up "$ip"; fi
   wait_for "the default service account" 60 kctl -n default get serviceaccount default
-  log "up: node $node ($ip), Kubernetes v$K8S_VERSION; logs in $LOGS"
+  log "up: node $node ($ip)$(n2_wanted && echo " and node $(n2_name) ($N2_IP)"), Kubernetes v$K8S_VERSION; logs in $LOGS"
   echo "$KCFG/admin.kubeconfig"
 }
 
 cmd_status() {
   local c p
-  for c in "${COMPONENTS[@]}"; do
+  for c in "${COMPONENTS[@]}" "${N2_COMPONENTS[@]}"; do
     if p="$(pid_of "$c")"; then echo "$c running (pid $p)"; else echo "$c stopped"; fi
   done
   [ -f "$KCFG/admin.kubeconfig" ] && echo "kubeconfig: $KCFG/admin.kubeconfig"
@@ -513,18 +537,26 @@ stop_pid() {
   rm -f "$RUN/$name.pid"
 }
 
+kill_tasks() {  # kill_tasks SOCKET: every pod's containers and sandboxes, then the shims
+  local ids c
+  ids="$(ctr -a "$1" -n k8s.io tasks ls -q 2>/dev/null || true)"
+  for c in $ids; do ctr -a "$1" -n k8s.io tasks kill -s KILL "$c" >/dev/null 2>&1 || true; done
+  for c in $ids; do ctr -a "$1" -n k8s.io tasks delete -f "$c" >/dev/null 2>&1 || true; done
+  ids="$(ctr -a "$1" -n k8s.io containers ls -q 2>/dev/null || true)"
+  for c in $ids; do ctr -a "$1" -n k8s.io containers delete "$c" >/dev/null 2>&1 || true; done
+}
+
+cmd_load() {  # the images on every node
+  import_images "$@"
+  if pid_of n2-containerd >/dev/null; then CTR_SOCK="$N2_SOCK" import_images "$@"; fi
+}
+
 cmd_down() {
   [ "$(id -u)" = 0 ] || die "run as root"
   local c
+  n2_down
   stop_pid kubelet
-  if pid_of containerd >/dev/null; then  # every pod's containers and sandboxes, then the shims
-    local ids
-    ids="$(ctr -a "$CTR_SOCK" -n k8s.io tasks ls -q 2>/dev/null || true)"
-    for c in $ids; do ctr -a "$CTR_SOCK" -n k8s.io tasks kill -s KILL "$c" >/dev/null 2>&1 || true; done
-    for c in $ids; do ctr -a "$CTR_SOCK" -n k8s.io tasks delete -f "$c" >/dev/null 2>&1 || true; done
-    ids="$(ctr -a "$CTR_SOCK" -n k8s.io containers ls -q 2>/dev/null || true)"
-    for c in $ids; do ctr -a "$CTR_SOCK" -n k8s.io containers delete "$c" >/dev/null 2>&1 || true; done
-  fi
+  if pid_of containerd >/dev/null; then kill_tasks "$CTR_SOCK"; fi
   for c in kube-router kube-proxy kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
     stop_pid "$c"
   done
@@ -571,11 +603,14 @@ build) cmd_build ;;
 up) cmd_up ;;
 down) cmd_down ;;
 status) cmd_status ;;
-load) shift; import_images "$@" ;;
+load) shift; cmd_load "$@" ;;
 restart) shift; cmd_restart "$@" ;;
 stop) shift; cmd_stop "$@" ;;
 start) shift; cmd_start "$@" ;;
 kubeconfig) echo "$KCFG/admin.kubeconfig" ;;
 bin) echo "$BIN" ;;
+n2-join-init) n2_join_init ;;  # internal: node 2's namespaces (node2.sh)
+n2-init-inside) n2_init_inside ;;
+n2-join) shift; n2_join "$@" ;;
 *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
