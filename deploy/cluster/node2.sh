@@ -148,7 +148,8 @@ n2_start_component() {
   n2-kube-proxy)
     n2_start n2-kube-proxy "$BIN/kube-proxy" --config "$N2_STATE/kube-proxy.yaml" ;;
   n2-kube-router)
-    n2_start n2-kube-router "$KR_BIN/kube-router" --kubeconfig "$KCFG/n2-kube-router.kubeconfig" \
+    # NODE_NAME: kube-router takes the machine's hostname (node 1's) before its override.
+    n2_start n2-kube-router env NODE_NAME="$node" "$KR_BIN/kube-router" --kubeconfig "$KCFG/n2-kube-router.kubeconfig" \
       --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
       --hostname-override "$node" --metrics-port 0 --health-port 20244 --v 1 ;;
   *) die "unknown component $1 (one of: ${COMPONENTS[*]} ${N2_COMPONENTS[*]})" ;;

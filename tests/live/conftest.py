@@ -83,6 +83,21 @@ def kget(*args: str) -> Any:
     return json.loads(kubectl("get", *args, "-o", "json").stdout)
 
 
+def ctr_on(node: str) -> list[str]:
+    """`ctr` against the containerd of a trial cluster's node (cluster.sh: node 2's, named
+    <node 1>-n2, listens under n2/)."""
+    run = "/run/orchard-cluster/n2" if node.endswith("-n2") else "/run/orchard-cluster"
+    return ["ctr", "-a", f"{run}/containerd.sock", "-n", "k8s.io"]
+
+
+def kill_container(pod: dict[str, Any]) -> None:
+    """kill -9 a pod's first container through its node's containerd: no clean-up, as a
+    crash would."""
+    cid = pod["status"]["containerStatuses"][0]["containerID"].split("//")[1]
+    kill = [*ctr_on(pod["spec"]["nodeName"]), "tasks", "kill", "-s", "KILL", cid]
+    subprocess.run(kill, check=True, capture_output=True)
+
+
 def load_images(*images: str) -> None:
     """Copy images from the local Docker engine to the node (a no-op when already there)."""
     subprocess.run(["bash", str(CLUSTER_SH), "load", *images], check=True, capture_output=True)

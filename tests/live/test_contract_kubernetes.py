@@ -37,11 +37,10 @@ from orchard.env.backends.kubernetes.backend import KubernetesBackend
 from orchard.env.config import ServiceConfig
 from orchard.env.models import NetworkPolicy
 from orchard.env.server import EmbeddedService
-from tests.live.conftest import KUBECONFIG
+from tests.live.conftest import KUBECONFIG, ctr_on
 from tests.live.test_kubernetes_live import NAMESPACE, options
 
 pytestmark = pytest.mark.anyio
-CTR = ["ctr", "-a", "/run/orchard-cluster/containerd.sock", "-n", "k8s.io"]
 KUBE_FACTS = Facts(
     all_reaches_probe=True,  # the outside server is reachable from the pod network
     cpu=0.1,  # a one-node trial cluster
@@ -103,7 +102,8 @@ class KubeContract:
         expect(pod.status is not None and pod.status.containerStatuses, pod.status)
         assert pod.status is not None and pod.status.containerStatuses  # for mypy
         cid = str(pod.status.containerStatuses[0].containerID).split("//")[1]
-        kill = [*CTR, "tasks", "kill", "-s", "KILL", cid]
+        assert pod.spec is not None and pod.spec.nodeName
+        kill = [*ctr_on(pod.spec.nodeName), "tasks", "kill", "-s", "KILL", cid]
         await asyncio.to_thread(subprocess.run, kill, check=True, capture_output=True)
 
     def check_endpoint(self, rec: SandboxRecord) -> None:

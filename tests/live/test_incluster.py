@@ -21,7 +21,15 @@ import pytest
 from orchard import Orchard
 from orchard.env.errors import EgressDenied, NotFound, OrchardError, SandboxExited
 from orchard.env.sdk import Sandbox
-from tests.live.conftest import CLUSTER_SH, Deployed, kget, kubectl, leaving_nothing, tenant_ns
+from tests.live.conftest import (
+    CLUSTER_SH,
+    Deployed,
+    kget,
+    kill_container,
+    kubectl,
+    leaving_nothing,
+    tenant_ns,
+)
 
 NS = tenant_ns("alice")  # the `client` fixture's owner: its pods live there
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -293,9 +301,7 @@ def test_a_replica_killed_the_other_keeps_serving(
     sb = client.sandboxes.create(sandbox_image, timeout_s=600)
     victim = deployed.service_pods()[0]
     restarts = victim["status"]["containerStatuses"][0]["restartCount"]
-    cid = victim["status"]["containerStatuses"][0]["containerID"].split("//")[1]
-    ctr = ["ctr", "-a", "/run/orchard-cluster/containerd.sock", "-n", "k8s.io"]
-    subprocess.run([*ctr, "tasks", "kill", "-s", "KILL", cid], check=True, capture_output=True)
+    kill_container(victim)
     failures, calls = 0, 0
     stop = time.monotonic() + 8
     while time.monotonic() < stop:  # kube-proxy drops the dead endpoint within seconds
@@ -458,3 +464,28 @@ def test_latency_report(client: Orchard, sandbox_image: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "k8s_latency.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nkubernetes latency: {json.dumps(report)}")
+
+
+def test_replicas_and_sandboxes_spread_over_both_nodes(
+    deployed: Deployed, client: Orchard, sandbox_image: str
+) -> None:
+    """Two nodes (cluster.sh): one service replica on each (the Deployment's spread
+    constraint), sandboxes on both, and exec reaches them wherever they are."""
+    real = [
+        n["metadata"]["name"]
+        for n in kget("nodes")["items"]
+        if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") != "fake"
+    ]
+    assert len(real) == 2, f"the trial cluster has two nodes (ORCHARD_CLUSTER_NODES): {real}"
+    assert {p["spec"]["nodeName"] for p in deployed.service_pods()} == set(real)
+    on: dict[str, list[str]] = {}
+    for i in range(8):  # the scheduler spreads them; 8 gives it room to be uneven
+        sb = client.sandboxes.create(sandbox_image, timeout_s=300)
+        on.setdefault(str(pod_of(sb.id)["spec"]["nodeName"]), []).append(sb.id)  # type: ignore[index]
+        assert sb.exec(f"echo {i}").stdout == f"{i}\n"
+        if len(on) == 2 and i >= 3:
+            break
+    assert set(on) == set(real), on
+    for ids in on.values():  # and again through either replica, many times
+        for _ in range(4):
+            assert client.sandboxes.get(ids[0]).exec("echo again").stdout == "again\n"

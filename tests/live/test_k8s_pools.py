@@ -7,7 +7,6 @@ test_k8s_pools_api.py; docs/pools.md and docs/kubernetes.md say how it works.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ import pytest
 from orchard import Orchard
 from orchard.env.backends.kubernetes import pool_objects as po
 from orchard.env.sdk import Sandbox
-from tests.live.conftest import Deployed, kget, kubectl
+from tests.live.conftest import Deployed, kget, kill_container, kubectl
 
 NS = "orchard-sandboxes"  # where pools and the lease live (pods: in the tenant's, maybe)
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -169,9 +168,7 @@ def test_the_refiller_killed_mid_refill_loses_and_leaks_nothing(
     pods = {p["metadata"]["name"]: p for p in deployed.service_pods()}
     victim = pods[holder.rsplit("-", 1)[0]]
     # kill -9, as test_incluster.py does: no clean-up, no lease given up.
-    cid = victim["status"]["containerStatuses"][0]["containerID"].split("//")[1]
-    ctr = ["ctr", "-a", "/run/orchard-cluster/containerd.sock", "-n", "k8s.io"]
-    subprocess.run([*ctr, "tasks", "kill", "-s", "KILL", cid], check=True, capture_output=True)
+    kill_container(victim)
     # Another replica takes the lease over and fills the pool: half-made pods are
     # finished (ready once their agent answers) or removed, never left behind.
     wait(lambda: lease_holder() not in ("", holder), 60, "a new lease holder")

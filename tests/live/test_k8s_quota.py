@@ -29,11 +29,10 @@ from lightkube.resources.core_v1 import Pod
 
 from orchard import Orchard
 from orchard.env.errors import NotFound
-from tests.live.conftest import KUBECONFIG, Deployed, kget, kubectl, tenant_ns
+from tests.live.conftest import KUBECONFIG, Deployed, ctr_on, kget, kubectl, tenant_ns
 
 OWNER, CAP, BURST = "capped", 5, 50
 CREATING = "orchard.dev/creating-by"
-CTR = ["ctr", "-a", "/run/orchard-cluster/containerd.sock", "-n", "k8s.io"]
 
 
 def replica_urls(dep: Deployed) -> dict[str, str]:
@@ -129,7 +128,8 @@ class Sampler:
 def service_pid(pod: dict[str, Any]) -> int:
     """The host pid of a service replica's process (its container's task in containerd)."""
     cid = pod["status"]["containerStatuses"][0]["containerID"].split("//")[1]
-    out = subprocess.run([*CTR, "tasks", "ls"], check=True, capture_output=True, text=True)
+    ls = [*ctr_on(pod["spec"]["nodeName"]), "tasks", "ls"]
+    out = subprocess.run(ls, check=True, capture_output=True, text=True)
     return next(int(line.split()[1]) for line in out.stdout.splitlines() if line.startswith(cid))
 
 

@@ -1,7 +1,8 @@
-"""The lost-node drill (issue 25) on the trial cluster: the node's kubelet is stopped, as a
-node that dies or drops off the network stops reporting, and its sandboxes must be
-reported `failed` (410 on use) within the controller manager's node-monitor grace period
-plus the service's check (kubernetes/nodes.py), and stay failed when the node returns.
+"""The lost-node drill (issue 25) on the trial cluster: node 2's kubelet is stopped (the
+only node's, on a one-node cluster), as a node that dies or drops off the network stops
+reporting, and its sandboxes must be reported `failed` (410 on use) within the controller
+manager's node-monitor grace period plus the service's check (kubernetes/nodes.py), and
+stay failed when the node returns; node 1's sandboxes serve on and new creates land there.
 
 The containers themselves keep running while the kubelet is away (containerd is up), so
 an agent would still answer: the failure must come from the service's view of the node,
@@ -22,11 +23,13 @@ from pathlib import Path
 import pytest
 from lightkube import AsyncClient
 
+from orchard.env.backends.kubernetes import objects as objs
 from orchard.env.errors import SandboxExited
 from orchard.env.models import SandboxCreate
+from orchard.env.server.service import SandboxService
 from tests.agent_routes import typed
 from tests.live.conftest import CLUSTER_SH, kget, kubectl
-from tests.live.test_kubernetes_live import _service, cluster, image, options
+from tests.live.test_kubernetes_live import NAMESPACE, _service, cluster, image, options
 
 pytestmark = pytest.mark.anyio
 __all__ = ["cluster", "image"]  # fixtures of test_kubernetes_live, used here
@@ -47,21 +50,46 @@ def _ready_pods() -> set[tuple[str, str]]:
     }
 
 
-def _kubelet(action: str) -> None:
-    subprocess.run(["bash", str(CLUSTER_SH), action, "kubelet"], check=True, capture_output=True)
+def nodes() -> tuple[str, str | None]:
+    """The trial cluster's first node and its second (cluster.sh names it <first>-n2), if up;
+    kwok's fake Nodes are not nodes here."""
+    names = [
+        n["metadata"]["name"]
+        for n in kget("nodes")["items"]
+        if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") != "fake"
+    ]
+    second = next((n for n in names if n.endswith("-n2")), None)
+    first = next(n for n in names if n != second)
+    return first, second
 
 
 @contextlib.contextmanager
-def kubelet_stopped() -> Iterator[None]:
-    """The kubelet stopped for the test's body, then started, and the node and the pods that
-    were ready before ready again, whatever happened in between."""
-    node = kget("nodes")["items"][0]["metadata"]["name"]
-    before = _ready_pods()
-    _kubelet("stop")
+def cordoned(node: str | None) -> Iterator[None]:
+    """No new pod on `node` for the body (so that one lands on the other node)."""
+    if node is None:
+        yield
+        return
+    kubectl("cordon", node)
     try:
         yield
     finally:
-        _kubelet("start")
+        kubectl("uncordon", node)
+
+
+def _component(action: str, name: str) -> None:
+    subprocess.run(["bash", str(CLUSTER_SH), action, name], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def kubelet_stopped(node: str, component: str) -> Iterator[None]:
+    """The node's kubelet stopped for the test's body, then started, and the node and the
+    pods that were ready before ready again, whatever happened in between."""
+    before = _ready_pods()
+    _component("stop", component)
+    try:
+        yield
+    finally:
+        _component("start", component)
         kubectl("wait", "--for=condition=Ready", f"node/{node}", "--timeout=180s", timeout=200)
         deadline = time.monotonic() + 180
         while (missing := before - _ready_pods()) and time.monotonic() < deadline:
@@ -73,15 +101,38 @@ def kubelet_stopped() -> Iterator[None]:
             time.sleep(1)
 
 
+async def echoes(svc: SandboxService, sandbox_id: str, word: str) -> bool:
+    agent = typed(await svc.agent("alice", sandbox_id))
+    return (await agent.exec(f"echo {word}")).stdout == f"{word}\n"
+
+
+def node_of(sandbox_id: str) -> str:
+    pod = kget("pods", "-n", NAMESPACE, objs.pod_name(sandbox_id))
+    return str(pod["spec"]["nodeName"])
+
+
 async def test_a_lost_node_fails_its_sandboxes_and_they_stay_failed(
     cluster: AsyncClient, tmp_path: Path, image: str
 ) -> None:
+    """With two nodes, node 2 is lost: its sandbox fails, node 1's serves on, and a new
+    create lands on node 1. With one, that node is lost."""
+    first, second = nodes()
+    lost, kept = (second, first) if second else (first, None)
+    component = "n2-kubelet" if second else "kubelet"
     svc, _ = await _service(options(), tmp_path)
+    spec = SandboxCreate(image=image, cmd=["sleep", "3600"])
     try:
-        sb = await svc.create("alice", SandboxCreate(image=image, cmd=["sleep", "3600"]))
-        agent = typed(await svc.agent("alice", sb.id))
-        assert (await agent.exec("echo up")).stdout == "up\n"
-        with kubelet_stopped():
+        with cordoned(kept):
+            sb = await svc.create("alice", spec)
+        assert node_of(sb.id) == lost
+        assert await echoes(svc, sb.id, "up")
+        other = None
+        if kept:
+            with cordoned(lost):
+                other = await svc.create("alice", spec)
+            assert node_of(other.id) == kept  # exec reaches both nodes
+            assert await echoes(svc, other.id, "up")
+        with kubelet_stopped(lost, component):
             t0 = time.monotonic()
             while (got := await svc.get("alice", sb.id)).status != "failed":
                 assert got.status == "ready", got
@@ -91,6 +142,12 @@ async def test_a_lost_node_fails_its_sandboxes_and_they_stay_failed(
             assert got.error is not None and "lost" in got.error
             with pytest.raises(SandboxExited, match="lost"):
                 await svc.agent("alice", sb.id)
+            if kept and other:  # the other node's sandbox serves on; new ones go there
+                assert (await svc.get("alice", other.id)).status == "ready"
+                assert await echoes(svc, other.id, "still")
+                fresh = await svc.create("alice", spec)
+                assert node_of(fresh.id) == kept
+                assert await echoes(svc, fresh.id, "new")
         # The node is back and the pod runs on, but the sandbox stays as it was reported.
         assert (await svc.get("alice", sb.id)).status == "failed"
         with pytest.raises(SandboxExited, match="lost"):
