@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real single-node Kubernetes cluster built from source, for trials and `make test-k8s`.
+# A real two-node Kubernetes cluster built from source, for trials and `make test-k8s`.
 #
 #   cluster.sh build            build etcd, the Kubernetes components and kube-router once per
 #                               version (cached outside the repository)
@@ -9,16 +9,18 @@
 #                               ipset, cgroup and state folder it made
 #   cluster.sh status           what runs
 #   cluster.sh load IMAGE...    copy images from the local Docker engine into the cluster
-#   cluster.sh restart NAME     kill -9 one component (apiserver, etcd, kubelet, ...) and start
-#                               it again (for fault tests)
+#   cluster.sh restart NAME     kill -9 one component (apiserver, etcd, kubelet, n2-kubelet,
+#                               ...) and start it again (for fault tests)
 #   cluster.sh stop NAME        stop one component and leave it stopped (the lost-node drill
 #                               stops the kubelet); `cluster.sh start NAME` starts it again
 #   cluster.sh kubeconfig       print the admin kubeconfig path
 #   cluster.sh bin              print the folder of the built binaries (kubectl, ...)
 #
-# The node is this machine: etcd, kube-apiserver (TLS, RBAC, NodeRestriction, Pod Security
+# Node 1 is this machine: etcd, kube-apiserver (TLS, RBAC, NodeRestriction, Pod Security
 # admission), kube-controller-manager, kube-scheduler, a kubelet on its own containerd (runc,
 # the CNI bridge plugin), kube-proxy (iptables) and kube-router as the NetworkPolicy firewall.
+# Node 2 (node2.sh; ORCHARD_CLUSTER_NODES=1 leaves it out) is its own containerd, kubelet,
+# kube-proxy and kube-router in network, mount and cgroup namespaces of their own.
 # Add-ons, as a distribution ships them: rancher's local-path-provisioner (the default
 # StorageClass `local-path`: a folder on the node per PersistentVolumeClaim), and containerd
 # set to pull the in-cluster registry's name over plain HTTP (Orchard's snapshots).
