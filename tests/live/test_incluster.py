@@ -476,7 +476,8 @@ def test_replicas_and_sandboxes_spread_over_both_nodes(
         for n in kget("nodes")["items"]
         if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") != "fake"
     ]
-    assert len(real) == 2, f"the trial cluster has two nodes (ORCHARD_CLUSTER_NODES): {real}"
+    if len(real) == 1:
+        pytest.skip("a one-node cluster: make test-k8s with ORCHARD_CLUSTER_NODES=2 runs this")
     assert {p["spec"]["nodeName"] for p in deployed.service_pods()} == set(real)
     on: dict[str, list[str]] = {}
     for i in range(8):  # the scheduler spreads them; 8 gives it room to be uneven
