@@ -120,7 +120,8 @@ async def test_a_lost_node_fails_its_sandboxes_and_they_stay_failed(
     lost, kept = (second, first) if second else (first, None)
     component = "n2-kubelet" if second else "kubelet"
     svc, _ = await _service(options(), tmp_path)
-    spec = SandboxCreate(image=image, cmd=["sleep", "3600"])
+    # Small: node 1 of the trial cluster has 2 cores for three of these and the service.
+    spec = SandboxCreate(image=image, cmd=["sleep", "3600"], cpu=0.1, memory="128m")
     try:
         with cordoned(kept):
             sb = await svc.create("alice", spec)
