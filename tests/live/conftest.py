@@ -83,6 +83,32 @@ def kget(*args: str) -> Any:
     return json.loads(kubectl("get", *args, "-o", "json").stdout)
 
 
+def nodes() -> tuple[str, str | None]:
+    """The trial cluster's first node and its second (cluster.sh names it <first>-n2), if up;
+    kwok's fake Nodes are not nodes here."""
+    names = [
+        n["metadata"]["name"]
+        for n in kget("nodes")["items"]
+        if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") != "fake"
+    ]
+    second = next((n for n in names if n.endswith("-n2")), None)
+    first = next(n for n in names if n != second)
+    return first, second
+
+
+@contextlib.contextmanager
+def cordoned(node: str | None) -> Iterator[None]:
+    """No new pod on `node` for the body (so that one lands on the other node)."""
+    if node is None:
+        yield
+        return
+    kubectl("cordon", node)
+    try:
+        yield
+    finally:
+        kubectl("uncordon", node)
+
+
 def ctr_on(node: str) -> list[str]:
     """`ctr` against the containerd of a trial cluster's node (cluster.sh: node 2's, named
     <node 1>-n2, listens under n2/)."""

@@ -19,7 +19,7 @@ import pytest
 from orchard import Orchard
 from orchard.env.backends.kubernetes.node import node_token
 from orchard.env.errors import Conflict, EgressDenied, NotFound
-from tests.live.conftest import Deployed, kget, kubectl, leaving_nothing, tenant_ns
+from tests.live.conftest import Deployed, cordoned, kget, kubectl, leaving_nothing, nodes, tenant_ns
 
 NS, HELPER_NS, PORT = tenant_ns("alice"), "orchard-node", 9091  # alice: `client`'s owner
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -39,13 +39,27 @@ class Helper:
 
 @pytest.fixture(scope="module")
 def helper(deployed: Deployed) -> Helper:
-    """The DaemonSet's pod on the node, once it is ready."""
+    """The DaemonSet's pod on node 1, once it is ready."""
     kubectl("-n", HELPER_NS, "rollout", "status", "daemonset/orchard-node", "--timeout=180s",
             timeout=200)  # fmt: skip
     pods = kget("pods", "-n", HELPER_NS, "-l", "app.kubernetes.io/name=orchard-node")["items"]
-    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    first, _ = nodes()
+    live = [
+        p
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp") and p["spec"]["nodeName"] == first
+    ]
     assert len(live) == 1, [p["metadata"]["name"] for p in live]
     return Helper(live[0]["status"]["podIP"], live[0]["spec"]["nodeName"], deployed.node_key)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def on_node_1() -> Iterator[None]:
+    """This module's sandboxes on node 1 (node 2, if up, cordoned meanwhile): the tests read
+    their cgroups at the host's root and dial the helper from the host, which the firewall
+    admits to node 1's pods only. test_k8s_snapshots.py runs on both nodes."""
+    with cordoned(nodes()[1]):
+        yield
 
 
 @pytest.fixture

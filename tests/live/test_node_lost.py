@@ -28,7 +28,7 @@ from orchard.env.errors import SandboxExited
 from orchard.env.models import SandboxCreate
 from orchard.env.server.service import SandboxService
 from tests.agent_routes import typed
-from tests.live.conftest import CLUSTER_SH, kget, kubectl
+from tests.live.conftest import CLUSTER_SH, cordoned, kget, kubectl, nodes
 from tests.live.test_kubernetes_live import NAMESPACE, _service, cluster, image, options
 
 pytestmark = pytest.mark.anyio
@@ -48,32 +48,6 @@ def _ready_pods() -> set[tuple[str, str]]:
             for c in (p.get("status") or {}).get("conditions") or []
         )
     }
-
-
-def nodes() -> tuple[str, str | None]:
-    """The trial cluster's first node and its second (cluster.sh names it <first>-n2), if up;
-    kwok's fake Nodes are not nodes here."""
-    names = [
-        n["metadata"]["name"]
-        for n in kget("nodes")["items"]
-        if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") != "fake"
-    ]
-    second = next((n for n in names if n.endswith("-n2")), None)
-    first = next(n for n in names if n != second)
-    return first, second
-
-
-@contextlib.contextmanager
-def cordoned(node: str | None) -> Iterator[None]:
-    """No new pod on `node` for the body (so that one lands on the other node)."""
-    if node is None:
-        yield
-        return
-    kubectl("cordon", node)
-    try:
-        yield
-    finally:
-        kubectl("uncordon", node)
 
 
 def _component(action: str, name: str) -> None:
