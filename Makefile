@@ -67,7 +67,7 @@ screenshots:  ## rerun the browser tests so they rewrite docs/dashboard/*.png (a
 test-k8s: setup  ## the live suite on a real Kubernetes cluster built from source (make cluster), Orchard deployed in it
 	@bash scripts/test-k8s.sh
 
-cluster:  ## build (once, cached by version) and start a real single-node Kubernetes cluster (ORCHARD_CLUSTER_NODES=2: two); prints its kubeconfig
+cluster:  ## build (once, cached by version) and start a real two-node Kubernetes cluster (ORCHARD_CLUSTER_NODES=1: one); prints its kubeconfig
 	@bash deploy/cluster/cluster.sh up
 
 cluster-down:  ## stop that cluster and remove every process, mount, veth, iptables chain and folder it made

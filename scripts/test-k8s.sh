@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test-k8s`: the live suite on a real cluster built from source (one node; ORCHARD_CLUSTER_NODES=2 for two).
+# `make test-k8s`: the live suite on a real two-node cluster built from source.
 # 1. start the cluster (deploy/cluster/cluster.sh up: builds once, cached by version)
 # 2. build the service and injector images offline and load them on the node
 # 3. run tests/live (Orchard deployed in-cluster, used from outside) with the cluster's

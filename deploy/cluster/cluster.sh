@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real Kubernetes cluster built from source (one node, or two), for trials and `make test-k8s`.
+# A real two-node Kubernetes cluster built from source, for trials and `make test-k8s`.
 #
 #   cluster.sh build            build etcd, the Kubernetes components and kube-router once per
 #                               version (cached outside the repository)
@@ -19,7 +19,7 @@
 # Node 1 is this machine: etcd, kube-apiserver (TLS, RBAC, NodeRestriction, Pod Security
 # admission), kube-controller-manager, kube-scheduler, a kubelet on its own containerd (runc,
 # the CNI bridge plugin), kube-proxy (iptables) and kube-router as the NetworkPolicy firewall.
-# Node 2 (node2.sh; with ORCHARD_CLUSTER_NODES=2) is its own containerd, kubelet,
+# Node 2 (node2.sh; ORCHARD_CLUSTER_NODES=1 leaves it out) is its own containerd, kubelet,
 # kube-proxy and kube-router in network, mount and cgroup namespaces of their own.
 # Add-ons, as a distribution ships them: rancher's local-path-provisioner (the default
 # StorageClass `local-path`: a folder on the node per PersistentVolumeClaim), and containerd

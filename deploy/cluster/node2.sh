@@ -1,4 +1,4 @@
-# The trial cluster's second node, sourced by cluster.sh (ORCHARD_CLUSTER_NODES=2; one by default).
+# The trial cluster's second node, sourced by cluster.sh (ORCHARD_CLUSTER_NODES=2, the default).
 #
 # A node of its own on the same machine, as kind makes one but without a container engine:
 # its containerd, kubelet, kube-proxy and kube-router run in
@@ -22,7 +22,7 @@ N2_STATE="$STATE/n2"
 N2_RUN="$RUN/n2"
 N2_SOCK="$N2_RUN/containerd.sock"
 N2_COMPONENTS=(n2-containerd n2-kubelet n2-kube-proxy n2-kube-router)
-CLUSTER_NODES="${ORCHARD_CLUSTER_NODES:-1}"
+CLUSTER_NODES="${ORCHARD_CLUSTER_NODES:-2}"
 NO_MASQ_MARK=0x4000/0x4000  # kube-proxy's "masquerade this" mark: those still are
 
 n2_name() { echo "$(node_name)-n2"; }

@@ -477,7 +477,7 @@ def test_replicas_and_sandboxes_spread_over_both_nodes(
         if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") != "fake"
     ]
     if len(real) == 1:
-        pytest.skip("a one-node cluster: make test-k8s with ORCHARD_CLUSTER_NODES=2 runs this")
+        pytest.skip("a one-node cluster (ORCHARD_CLUSTER_NODES=1): make test-k8s has two")
     assert {p["spec"]["nodeName"] for p in deployed.service_pods()} == set(real)
     on: dict[str, list[str]] = {}
     for i in range(8):  # the scheduler spreads them; 8 gives it room to be uneven
