@@ -44,6 +44,7 @@ BRIDGE=orchk8s0
 PAUSE_IMAGE=orchard.local/pause:1
 PROVISIONER_IMAGE=orchard.local/local-path-provisioner:v$LOCAL_PATH_VERSION
 HELPER_IMAGE=orchard.local/busybox:1
+BASE_IMAGES=("$PAUSE_IMAGE" "$PROVISIONER_IMAGE" "$HELPER_IMAGE")  # what every node is given
 # Orchard's in-cluster registry (deploy/kubernetes/base/registry.yaml): image names say
 # REGISTRY_NAME, which no resolver knows; containerd maps it to the registry Service's
 # ClusterIP (fixed by overlays/local, in the Service range's static band), reached from the
@@ -51,6 +52,9 @@ HELPER_IMAGE=orchard.local/busybox:1
 REGISTRY_NAME=orchard-registry.orchard-system.svc:5000
 REGISTRY_IP=10.96.0.50
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy kube-router)
+# kube-router as the NetworkPolicy firewall only, on every node (no routing, no proxy).
+KR_FLAGS=(--run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false
+  --metrics-port 0 --health-port 20244 --v 1)
 
 # shellcheck source=node2.sh
 source "$HERE/node2.sh"
@@ -413,16 +417,16 @@ start_component() {
     start kube-proxy "$BIN/kube-proxy" --config "$STATE/kube-proxy.yaml" ;;
   kube-router)
     start kube-router "$KR_BIN/kube-router" --kubeconfig "$KCFG/kube-router.kubeconfig" \
-      --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
-      --hostname-override "$node" --metrics-port 0 --health-port 20244 --v 1 ;;
+      --hostname-override "$node" "${KR_FLAGS[@]}" ;;
   *) n2_start_component "$name" ;;
   esac
 }
 
-import_images() {  # docker save IMAGES | ctr import, skipping what the node already has
-  local img have db="$STATE/images"
-  [ "$CTR_SOCK" = "$N2_SOCK" ] && db="$N2_STATE/images"  # what each node was given
-  have="$(ctr -a "$CTR_SOCK" -n k8s.io images ls -q 2>/dev/null || true)"
+# import_images SOCKET DB IMAGE...: docker save | ctr import into one node's containerd,
+# skipping what it already has (DB: the image ids that node was given)
+import_images() {
+  local sock="$1" db="$2" img have; shift 2
+  have="$(ctr -a "$sock" -n k8s.io images ls -q 2>/dev/null || true)"
   for img in "$@"; do
     local full="$img"
     case "$img" in */*/*|*.*/*) ;; */*) full="docker.io/$img" ;; *) full="docker.io/library/$img" ;; esac
@@ -433,7 +437,7 @@ import_images() {  # docker save IMAGES | ctr import, skipping what the node alr
       continue
     fi
     log "loading $img into the cluster"
-    docker save "$img" | ctr -a "$CTR_SOCK" -n k8s.io images import --no-unpack=false - >/dev/null
+    docker save "$img" | ctr -a "$sock" -n k8s.io images import --no-unpack=false - >/dev/null
     mkdir -p "$db" && echo "$id" >"$db/$(echo "$full" | tr '/:' '__')"
   done
 }
@@ -490,7 +494,7 @@ cmd_up() {
   for c in "${COMPONENTS[@]}"; do start_component "$node" "$ip" "$c"; done
   pause_image
   storage_images
-  import_images "$PAUSE_IMAGE" "$PROVISIONER_IMAGE" "$HELPER_IMAGE"
+  import_images "$CTR_SOCK" "$STATE/images" "${BASE_IMAGES[@]}"
   kctl apply --server-side --force-conflicts -f "$HERE/rbac.yaml" >/dev/null
   deploy_local_path
   wait_for "node $node" 120 kctl wait --for=condition=Ready "node/$node" --timeout=2s
@@ -549,8 +553,8 @@ kill_tasks() {  # kill_tasks SOCKET: every pod's containers and sandboxes, then 
 }
 
 cmd_load() {  # the images on every node
-  import_images "$@"
-  if pid_of n2-containerd >/dev/null; then CTR_SOCK="$N2_SOCK" import_images "$@"; fi
+  import_images "$CTR_SOCK" "$STATE/images" "$@"
+  if pid_of n2-containerd >/dev/null; then import_images "$N2_SOCK" "$N2_STATE/images" "$@"; fi
 }
 
 cmd_down() {

@@ -149,9 +149,8 @@ n2_start_component() {
     n2_start n2-kube-proxy "$BIN/kube-proxy" --config "$N2_STATE/kube-proxy.yaml" ;;
   n2-kube-router)
     # NODE_NAME: kube-router takes the machine's hostname (node 1's) before its override.
-    n2_start n2-kube-router env NODE_NAME="$node" "$KR_BIN/kube-router" --kubeconfig "$KCFG/n2-kube-router.kubeconfig" \
-      --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
-      --hostname-override "$node" --metrics-port 0 --health-port 20244 --v 1 ;;
+    n2_start n2-kube-router env NODE_NAME="$node" "$KR_BIN/kube-router" \
+      --kubeconfig "$KCFG/n2-kube-router.kubeconfig" --hostname-override "$node" "${KR_FLAGS[@]}" ;;
   *) die "unknown component $1 (one of: ${COMPONENTS[*]} ${N2_COMPONENTS[*]})" ;;
   esac
 }
@@ -184,7 +183,7 @@ n2_up() {
   fi
   for c in "${N2_COMPONENTS[@]}"; do
     n2_start_component "$c"
-    if [ "$c" = n2-containerd ]; then CTR_SOCK="$N2_SOCK" import_images "$PAUSE_IMAGE" "$PROVISIONER_IMAGE" "$HELPER_IMAGE"; fi
+    if [ "$c" = n2-containerd ]; then import_images "$N2_SOCK" "$N2_STATE/images" "${BASE_IMAGES[@]}"; fi
     if [ "$c" = n2-kubelet ]; then n2_pod_network; fi
   done
   wait_for "node $node" 120 kctl wait --for=condition=Ready "node/$node" --timeout=2s

@@ -28,6 +28,7 @@ from tests.live.conftest import (
     kill_container,
     kubectl,
     leaving_nothing,
+    nodes,
     tenant_ns,
 )
 
@@ -471,13 +472,10 @@ def test_replicas_and_sandboxes_spread_over_both_nodes(
 ) -> None:
     """Two nodes (cluster.sh): one service replica on each (the Deployment's spread
     constraint), sandboxes on both, and exec reaches them wherever they are."""
-    real = [
-        n["metadata"]["name"]
-        for n in kget("nodes")["items"]
-        if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") != "fake"
-    ]
-    if len(real) == 1:
+    first, second = nodes()
+    if second is None:
         pytest.skip("a one-node cluster (ORCHARD_CLUSTER_NODES=1): make test-k8s has two")
+    real = [first, second]
     assert {p["spec"]["nodeName"] for p in deployed.service_pods()} == set(real)
     on: dict[str, list[str]] = {}
     for i in range(8):  # the scheduler spreads them; 8 gives it room to be uneven
