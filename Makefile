@@ -91,7 +91,10 @@ bench: setup  ## benchmarks (not part of make test); e.g. BENCH_ARGS="--quick" o
 bench-k8s: setup  ## the Kubernetes benchmarks on the real node (cold create vs the kubelet, pool claims, 300 x 4); e.g. BENCH_ARGS="--only create"
 	@bash scripts/bench-k8s.sh $(BENCH_ARGS)
 
-.PHONY: bench-kwok
+.PHONY: bench-kwok bench-kwok-service
+bench-kwok-service: setup  ## Orchard deployed (2 replicas) holding 5,000 sandboxes on 200 kwok Nodes, a pool of 1,000, quotas; e.g. BENCH_ARGS="--sandboxes 1000"
+	@BENCH=k8s_kwok_service bash scripts/bench-k8s.sh $(BENCH_ARGS)
+
 bench-kwok: setup  ## control-plane scale on kwok's fake Nodes (200 Nodes, 5000 pods) on the running trial cluster (`make cluster` first); e.g. BENCH_ARGS="--pods 1000"
 	$(PY) bench/k8s_kwok.py --kubeconfig "$$(bash deploy/cluster/cluster.sh kubeconfig)" $(BENCH_ARGS)
 

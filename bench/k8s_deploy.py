@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SH = ROOT / "deploy" / "cluster" / "cluster.sh"
 OVERLAY = ROOT / "deploy" / "kubernetes" / "overlays" / "local"
 TENANTS = "orchard.dev/sandboxes=true,orchard.dev/instance=default"
-OWNERS = ("alice", "bob")
+OWNERS = ("alice", "bob", "capped")  # capped: max_sandboxes 5 (overlays/local/limits.yaml)
 
 
 class Kube:

@@ -6,7 +6,8 @@
 #    service and injector images offline and load them, with the busybox sandbox image
 # 3. run the bench: it deploys the `local` overlay, measures, and deletes what it applied
 # 4. stop the cluster again only if this script started it (ORCHARD_KEEP_CLUSTER=1 keeps it)
-# Arguments go to bench/k8s_bench.py (e.g. --only create --create-n 50).
+# Arguments go to bench/k8s_bench.py (e.g. --only create --create-n 50); BENCH=k8s_kwok_service
+# runs that one instead (`make bench-kwok-service`: the deployed service on kwok's Nodes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cluster-session.sh
@@ -16,4 +17,5 @@ mapfile -t images < <(bash deploy/kubernetes/images/build.sh local)
 busybox="$(.venv/bin/python -c 'from orchard.env import images; print(images.busybox_image())')"
 $CLUSTER load "${images[@]}" "$busybox" 9>&-
 export HF_HUB_OFFLINE=1
-.venv/bin/python bench/k8s_bench.py --kubeconfig "$kubeconfig" --image "$busybox" "$@" 9>&-
+if [ "${BENCH:-k8s_bench}" = k8s_bench ]; then set -- --image "$busybox" "$@"; fi
+.venv/bin/python "bench/${BENCH:-k8s_bench}.py" --kubeconfig "$kubeconfig" "$@" 9>&-

@@ -27,6 +27,7 @@ from orchard.env.models.pool import PoolCreate
 from orchard.env.sdk import Orchard
 from orchard.env.server import EmbeddedService
 from orchard.env.server.pools import PoolManager
+from orchard.env.server.pools_cluster import REFILL_QUIET_S, refill_due
 from orchard.env.server.service import SandboxService
 from tests.tenants import clean, cli_runner, client, two_tenants
 
@@ -341,3 +342,12 @@ def test_async_sdk_has_the_same_names(service: EmbeddedService, busybox_image: s
                 await c.pools.get("a")
 
     asyncio.run(main())
+
+
+def test_a_cluster_pool_refills_once_its_claims_pause_or_it_runs_low() -> None:
+    """Kubernetes: a refill costs the node a pod start, so it waits out a burst of claims
+    (server/pools_cluster.py); a pool down to a quarter refills during the burst anyway."""
+    assert refill_due(100, 90, REFILL_QUIET_S)  # quiet: refill
+    assert not refill_due(100, 90, REFILL_QUIET_S / 2)  # claims still coming: wait
+    assert refill_due(100, 25, 0.0)  # low: refill even mid-burst
+    assert refill_due(100, 90, float("inf"))  # never claimed

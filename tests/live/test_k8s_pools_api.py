@@ -155,8 +155,8 @@ async def test_pools_are_cluster_objects_validated_by_the_api_server(
         await two.pools.create("alice", PoolCreate(name="warm", image=image, size=0))
     # What the service would never send, the API server refuses by the CRD's schema.
     cluster = manager(one).cluster
-    bad = {"owner": "alice", "name": "bad", "image": image, "size": 1000, "created_at": 0.0}
-    with pytest.raises(InvalidRequest, match="less than or equal to 100"):
+    bad = {"owner": "alice", "name": "bad", "image": image, "size": 1001, "created_at": 0.0}
+    with pytest.raises(InvalidRequest, match="less than or equal to 1000"):
         await cluster.define({**bad, "network": {"egress": "none"}})
     await one.pools.delete("alice", "warm")
     await until(lambda: not two.pools.cluster.definitions(), 10, "the delete to be seen")  # type: ignore[attr-defined]

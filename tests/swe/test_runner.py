@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -16,6 +17,7 @@ import datasets  # type: ignore[import-untyped]
 import pytest
 
 from orchard import Orchard
+from orchard.families import runs
 from orchard.families.registry import get_family
 from orchard.swe.harness import load_config
 from orchard.swe.runner import distill, model_factory, run_batch
@@ -147,4 +149,32 @@ def test_ctrl_c_cleans_up_sandboxes(
             _, err = proc.communicate()
             pytest.fail(f"the run went on for 60 s after Ctrl-C; its stderr:\n{err[-3000:]}")
     assert proc.returncode == 130
+    assert swe_client.sandboxes.list(labels=mine) == []
+
+
+def test_ctrl_c_before_the_progress_bar_still_stops_the_workers(
+    swe_client: Orchard, busybox_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that lands before `collect` handles it (while the jobs are submitted or
+    its progress bar starts): run_pool stops the run and removes its sandboxes itself,
+    instead of waiting for workers that would run on."""
+    made = threading.Event()
+
+    def job(run: runs.Run) -> None:
+        with swe_client.sandboxes.create(busybox_image, labels=run.labels):
+            made.set()
+            deadline = time.monotonic() + 120
+            while not run.stop.is_set() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def interrupted(*args: Any, **kw: Any) -> list[Any]:
+        made.wait(60)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs, "collect", interrupted)
+    mine = {"test-run": uuid.uuid4().hex}
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        runs.run_pool(swe_client, [("a", job)], 1, "t", lambda _: "", labels=mine, kind="t")
+    assert time.monotonic() - t0 < 60
     assert swe_client.sandboxes.list(labels=mine) == []

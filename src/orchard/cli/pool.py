@@ -36,7 +36,7 @@ def create(
     ctx: typer.Context,
     name: NameArg,
     image: Annotated[str, typer.Argument(help="Any OCI image reference.")],
-    size: Annotated[int, typer.Option(min=0, max=100, help="Sandboxes to keep ready.")] = 1,
+    size: Annotated[int, typer.Option(min=0, max=1000, help="Sandboxes to keep ready.")] = 1,
     cpu: Annotated[float | None, typer.Option(help="CPU cores of each.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory limit of each, e.g. 1g.")] = None,
     disk: Annotated[str | None, typer.Option(help="Disk limit of each, e.g. 10g.")] = None,

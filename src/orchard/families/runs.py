@@ -103,7 +103,13 @@ def run_pool(
     try:
         return collect([pool.submit(fn, run) for _, fn in jobs], run, title, status, console)
     except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
+        # Stopped here too: a Ctrl-C that lands before collect's own handler (while the
+        # jobs are submitted or its progress bar starts) must not leave the workers
+        # running on while the pool waits for them.
+        run.stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        run.cleanup()  # running workers fail fast once their sandboxes are gone
+        pool.shutdown(wait=True)
         run.cleanup()  # sandboxes a worker created while the first cleanup ran
         raise
     finally:

@@ -14,7 +14,7 @@ from orchard.env.input_limits import MIN_CPU, MIN_DISK_BYTES, parse_size
 from orchard.env.models.base import Env, WireModel
 from orchard.env.models.sandbox import NetworkPolicy
 
-MAX_POOL_SIZE = 100
+MAX_POOL_SIZE = 1000
 POOL_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 

@@ -61,7 +61,20 @@ REFILL_CONCURRENCY = 8  # creates in flight per pool (pod starts are the kubelet
 CLAIM_DEADLINE_S = 30.0  # a pod held `claiming` longer: its claimer died; removed
 CLAIM_TRIES = 16  # pods lost to other replicas' claims before a claim goes cold
 FLUSH_S = 1.0
+# Refills yield to claims, as on docker and local (server/pools.py) but longer: a pod's
+# start costs the node about a CPU-second, so refills made during a burst of claims slow
+# the claims themselves (docs/kubernetes.md, "Warm pools"). A pool refills once no claim
+# has taken a pod for REFILL_QUIET_S, or at once when it is down to LOW_WATER of its size,
+# so a steady stream of claims is still served warm.
+REFILL_QUIET_S = 1.0
+LOW_WATER = 0.25
 Key = tuple[str, str]
+
+
+def refill_due(size: int, ready: int, since_claim_s: float) -> bool:
+    """Whether a pool with `ready` of `size` pods refills now, its last claim
+    `since_claim_s` ago (see REFILL_QUIET_S)."""
+    return since_claim_s >= REFILL_QUIET_S or ready <= size * LOW_WATER
 
 
 def pool_manager(svc: PoolService) -> PoolManager:
@@ -89,6 +102,8 @@ class ClusterPoolManager(PoolManager):
         self._counts: dict[Key, PoolCounts] = {}  # not yet added to the pools' status
         self._retry_at: dict[Key, float] = {}
         self._in_a_row: dict[Key, int] = {}
+        self._ready_seen: dict[Key, set[str]] = {}  # each pool's ready pods at the last pass
+        self._claimed_at: dict[Key, float] = {}  # monotonic: a pod last left it (any replica)
         self._loops: builtins.list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._chores: set[asyncio.Task[None]] = set()  # adoptions and removals under way
@@ -224,6 +239,7 @@ class ClusterPoolManager(PoolManager):
         self._check_match(rec, req)
         spec = self.svc.build_spec(owner, req.model_copy(update={"image": rec.image}))
         self.svc.admission.check_claim(spec)
+        self._claimed_at[rec.key] = time.monotonic()
         for _ in range(CLAIM_TRIES):
             member = self._pick(rec)
             if member is None:
@@ -347,13 +363,19 @@ class ClusterPoolManager(PoolManager):
                 if m.state == "creating" and m.id not in here and m.id not in self._adopting:
                     self._adopting.add(m.id)
                     self._spawn(self._adopt(m), f"pool-adopt-{m.id}")
+            ready_ids = {m.id for m in ready}
+            if self._ready_seen.get(rec.key, set()) - ready_ids:  # claimed by some replica
+                self._claimed_at[rec.key] = now
+            self._ready_seen[rec.key] = ready_ids
+            since_claim = now - self._claimed_at.get(rec.key, float("-inf"))
             need = rec.size - len(ready) - len(creating)
             if need < 0:  # e.g. two holders' refills at a takeover: the newest go
                 drop += [m.id for m in sorted(ready, key=lambda m: -m.since)[:-need]]
             for sid in set(drop):
                 self._spawn(self._discard(sid), f"pool-drop-{sid}")
             room = REFILL_CONCURRENCY - len(here)
-            if need > 0 and room > 0 and now >= self._retry_at.get(rec.key, 0.0):
+            due = refill_due(rec.size, len(ready), since_claim)
+            if need > 0 and room > 0 and due and now >= self._retry_at.get(rec.key, 0.0):
                 for _ in range(min(need, room)):
                     spec = self._spec(_Pool(rec))
                     task = asyncio.create_task(self._make_one(rec, spec), name=f"pool-{rec.name}")

@@ -150,7 +150,7 @@ def lease_body(
 
 
 # The CRD (deploy/kubernetes/base/pools.yaml is this, rendered; a test keeps them equal).
-MAX_POOL_SIZE = 100  # as models.pool.MAX_POOL_SIZE (backends may not import the wire layer)
+MAX_POOL_SIZE = 1000  # as models.pool.MAX_POOL_SIZE (backends may not import the wire layer)
 POOL_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 

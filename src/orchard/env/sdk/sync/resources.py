@@ -59,7 +59,7 @@ class Pools:
 
         :param name: unique among the caller's pools (lower case, digits, `.`, `_`, `-`)
         :param image: what its sandboxes run; claims must ask for this image (or none)
-        :param size: how many to keep ready (0 to 100); they count against the quotas
+        :param size: how many to keep ready (0 to 1,000); they count against the quotas
         :param opts: `cpu`, `memory`, `disk`, `pids_limit` (every sandbox of the pool has
             these; a claim asking for others is refused with PoolMismatch), `network`
             (the egress they are born with; a claim may ask for another)
