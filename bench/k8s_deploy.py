@@ -46,10 +46,12 @@ class Kube:
         return json.loads(self.run("get", *args, "-o", "json"))
 
     def node_ip(self) -> str:
-        node = self.get("nodes")["items"][0]
-        return str(
-            next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
-        )
+        """A real node's address (kwok's fake Nodes, when there are any, have none)."""
+        for node in self.get("nodes")["items"]:
+            for a in (node.get("status") or {}).get("addresses") or []:
+                if a["type"] == "InternalIP":
+                    return str(a["address"])
+        raise RuntimeError("no node has an InternalIP address")
 
     def pod_count(self, namespace: str) -> int:
         return len(self.get("pods", "-n", namespace)["items"])
@@ -86,14 +88,16 @@ def _answers(url: str, key: str) -> bool:
 
 
 @contextlib.contextmanager
-def deployed(kube: Kube, settings: dict[str, str]) -> Iterator[Service]:
-    """Apply the overlay with `settings` over its ConfigMap; yield the service; remove it."""
+def deployed(kube: Kube, settings: dict[str, str], limits: str | None = None) -> Iterator[Service]:
+    """Apply the overlay with `settings` over its ConfigMap (and `limits`, a limits.yaml,
+    over its limits); yield the service; remove it."""
     rendered = kube.run("kustomize", str(OVERLAY))
     try:
         kube.run("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=rendered)
-        if settings:
-            patch = json.dumps({"data": settings})
-            kube.run("-n", "orchard-system", "patch", "configmap", "orchard", "-p", patch)
+        for name, data in (("orchard", settings), ("orchard-limits", {"limits.yaml": limits})):
+            if any(data.values()):
+                patch = json.dumps({"data": data})
+                kube.run("-n", "orchard-system", "patch", "configmap", name, "-p", patch)
         keys = {o: secrets.token_urlsafe(18) for o in OWNERS}
         node_key = secrets.token_hex(32)
         _secret(

@@ -63,6 +63,12 @@ from orchard.env.backends.kubernetes.tenants import tenant_namespace
 
 AGENT_PORT = 9090  # KubernetesOptions.agent_port
 OWNER, CAPPED, CAP = "alice", "capped", 5  # overlays/local/limits.yaml: capped's max_sandboxes
+# The overlay's limits, with room for alice's sandboxes and pool (the default owner cap,
+# env/limits.py, is 2,000).
+LIMITS = """default: {}
+capped: {max_sandboxes: 5}
+alice: {max_sandboxes: 20000}
+"""
 SETTINGS = {
     "ORCHARD_K8S_NODE_SELECTOR": json.dumps(kw.NODE_LABELS),
     "ORCHARD_K8S_TOLERATIONS": json.dumps(kw.TOLERATIONS),
@@ -140,7 +146,7 @@ def replica_pids() -> dict[str, int]:
             continue
         with contextlib.suppress(OSError):
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"orchard" in b" ".join(argv) and b"serve" in argv:
+            if b"serve" in argv and b"kubernetes" in argv and b"orchard" in b" ".join(argv):
                 out[f"replica-{proc.name}"] = int(proc.name)
     return out
 
@@ -219,6 +225,13 @@ def hold(
                     flush=True,
                 )
         wall = time.monotonic() - t0
+    pods = kube.get("pods", "-n", tenant_namespace(KubernetesOptions(), OWNER))["items"]
+    phases: dict[str, int] = {}
+    for p in pods:
+        phase = p["status"].get("phase", "?") + (
+            " (deleting)" if p["metadata"].get("deletionTimestamp") else ""
+        )
+        phases[phase] = phases.get(phase, 0) + 1
     views = {}
     for url in replica_urls(kube):
         with Orchard(base_url=url, api_key=svc.keys[OWNER], timeout=300) as direct:
@@ -234,6 +247,7 @@ def hold(
         "create": common.summarize(creates),
         "batches": batches,
         "replica_views": views,
+        "tenant_pods_by_phase": phases,
         "errors": len(errors),
         "first_errors": errors[:5],
     }, ids
@@ -369,8 +383,9 @@ def _report(out: dict[str, Any]) -> str:
     a, samples = out["hold"], out["samples"]
     first, last = samples[0], samples[-1]
     k = max(a["held"], 1) / 1000
-    rss0, rss1 = sum(first["replica_rss_mib"].values()), sum(last["replica_rss_mib"].values())
-    cpu0, cpu1 = sum(first["replica_cpu_s"].values()), sum(last["replica_cpu_s"].values())
+    both = first["replica_rss_mib"].keys() & last["replica_rss_mib"].keys()  # same processes
+    rss0, rss1 = (sum(s["replica_rss_mib"][n] for n in both) for s in (first, last))
+    cpu0, cpu1 = (sum(s["replica_cpu_s"][n] for n in both) for s in (first, last))
     per_create = [b["api_requests_per_create"] for b in a["batches"]]
     views = ", ".join(str(v["listed"]) for v in a["replica_views"].values())
     rows: list[list[Any]] = [
@@ -380,9 +395,9 @@ def _report(out: dict[str, Any]) -> str:
          f"{a['concurrency']} at once", f"{_p(a['create'])}, {a['creates_per_s']:.1f}/s"],
         ["API requests per create (the replicas')", a["held"],
          f"{min(per_create):.1f}-{max(per_create):.1f}"],
-        ["replicas' RSS (both)", f"{rss0:.0f} → {rss1:.0f} MiB",
+        [f"replicas' RSS ({len(both)} processes)", f"{rss0:.0f} → {rss1:.0f} MiB",
          f"{(rss1 - rss0) / k:+.1f} MiB / 1,000 sandboxes"],
-        ["replicas' CPU (both)", f"{cpu1 - cpu0:.0f} s",
+        [f"replicas' CPU ({len(both)} processes)", f"{cpu1 - cpu0:.0f} s",
          f"{(cpu1 - cpu0) / a['held'] * 1000:.0f} ms per create"],
         ["each replica lists them all", f"{len(a['replica_views'])} replicas", views],
     ]  # fmt: skip
@@ -449,7 +464,8 @@ def main(cleanup: common.Cleanup) -> int:
     try:
         print(f"creating {args.nodes} fake Nodes", flush=True)
         out["nodes"], cidrs = asyncio.run(_nodes(args.kubeconfig, args.nodes))
-        with fake_agent(cidrs) as agent_counts, deployed(kube, SETTINGS) as svc:
+        with fake_agent(cidrs) as agent_counts, deployed(kube, SETTINGS, LIMITS) as svc:
+            time.sleep(10)  # the replicas the rollout replaced are gone
             samples = [replicas_sample("deployed", 0)]
             out["samples"] = samples
             print(f"holding {args.sandboxes} sandboxes through the service", flush=True)

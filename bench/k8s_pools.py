@@ -53,9 +53,7 @@ def service(kubeconfig: str, owner: str | None) -> tuple[str, str]:
         for pair in base64.b64decode(json.loads(raw)["data"]["api-keys"]).decode().split(",")
     )
     key = keys[owner] if owner else next(iter(keys.values()))
-    node = json.loads(kubectl(kubeconfig, "get", "nodes", "-o", "json"))["items"][0]
-    ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
-    return f"http://{ip}:30080", key
+    return f"http://{Kube(kubeconfig).node_ip()}:30080", key
 
 
 def steady_claims(c: Orchard, pool: str, n: int, rate: float, env: bool) -> dict[str, Any]:

@@ -381,3 +381,8 @@ def test_port_url_carries_the_key_only_when_asked() -> None:
         _port_url(target, "sb-1", 8000, "/a", False) == "https://h/v1/sandboxes/sb-1/ports/8000/a"
     )
     assert _port_url(target, "sb-1", 80, "", True).endswith("/ports/80/?orchard_key=k")
+
+
+def test_a_client_timeout_may_be_plain_seconds() -> None:
+    assert core.as_timeout(5) == httpx.Timeout(5.0)
+    assert core.as_timeout(core.DEFAULT_TIMEOUT) is core.DEFAULT_TIMEOUT

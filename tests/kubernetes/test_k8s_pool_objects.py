@@ -82,6 +82,10 @@ def test_a_pool_record_round_trips_and_pods_are_labelled_by_pool() -> None:
     )
     pod = objs.build_pod(spec, options(), time.time())
     assert po.pod_pool(pod) == (po.pool_key("alice", "warm.1"), "creating")
+    # The state is an annotation: a claim changes no label (no NetworkPolicy resync).
+    assert pod["metadata"]["annotations"][po.A_POOL_STATE] == "creating"
+    claimed = {"metadata": {**pod["metadata"], "annotations": {}}}
+    assert po.pod_pool(claimed) is None and po.L_POOL in claimed["metadata"]["labels"]
     plain = objs.build_pod(
         SandboxSpec(id="sb-2", owner="alice", image="b", agent_token="t", expires_at=1e10),
         options(),

@@ -43,7 +43,11 @@ def pooled_pods(owner: str, name: str) -> list[dict[str, Any]]:
     """The pool's unclaimed pods, whatever namespace they are in."""
     key = po.pool_key(owner, name)
     items = kget("pods", "-A", "-l", f"{po.L_POOL}={key}")["items"]
-    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+    return [
+        p
+        for p in items
+        if not p["metadata"].get("deletionTimestamp") and po.pod_pool(p) is not None
+    ]
 
 
 def wait(cond: Any, timeout: float, what: str) -> Any:
@@ -87,9 +91,10 @@ def test_claim_and_refill_through_the_service(
     assert sb.info.from_pool and sb.id in ready, (sb.info, ready)
     assert sb.exec("echo $TASK").stdout == "42\n"
     assert sb.info.labels == {"run": "a"}
-    # The claimed pod left the pool: no pool labels, alice's owner annotation.
+    # The claimed pod left the pool: no pool state (its pool label stays, as provenance;
+    # a claim changes no label), alice's owner annotation.
     pod = kget("pods", "-A", "-l", f"orchard.dev/sandbox={sb.id}")["items"][0]
-    assert po.L_POOL not in pod["metadata"]["labels"]
+    assert po.pod_pool(pod) is None and po.A_POOL_STATE not in pod["metadata"]["annotations"]
     assert pod["metadata"]["annotations"]["orchard.dev/owner"] == "alice"
     # The refill brings it back to 2 (the lease holder made them); claimed counts add up.
     wait(lambda: alice.pools.get("warm").ready == 2, 180, "the refill")
@@ -177,7 +182,8 @@ def test_the_refiller_killed_mid_refill_loses_and_leaks_nothing(
 
     def settled() -> bool:
         states = [
-            p["metadata"]["labels"].get(po.L_POOL_STATE) for p in pooled_pods("alice", "refill")
+            p["metadata"]["annotations"].get(po.A_POOL_STATE)
+            for p in pooled_pods("alice", "refill")
         ]
         return states == ["ready"] * size
 

@@ -188,7 +188,7 @@ async def test_claim_refill_and_the_optimistic_lock(replicas: Replicas, image: s
     agent = typed(await svc.agent("alice", sb.id))
     assert (await agent.exec("echo $TASK")).stdout == "42\n"
     pod = svc.backend._pods[sb.id]  # type: ignore[attr-defined]
-    assert po.L_POOL not in pod["metadata"]["labels"]
+    assert po.pod_pool(pod) is None and po.A_POOL_STATE not in pod["metadata"]["annotations"]
     # Empty: cold, with the pool's image; then the refill brings it back to 2.
     cold = await svc.create("alice", SandboxCreate(pool="warm"))
     assert not cold.from_pool and cold.image == image

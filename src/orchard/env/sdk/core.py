@@ -36,6 +36,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Extra read time granted on top of a server-side timeout, so the server reports it, not us.
 TIMEOUT_MARGIN_S = 30.0
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+
+
+def as_timeout(timeout: float | httpx.Timeout) -> httpx.Timeout:
+    """A client's default timeouts: seconds for every phase, or httpx's own object."""
+    return timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+
+
 # Host name used in URLs sent over a Unix socket (it only fills the Host header).
 UDS_HOST = "http://orchard.local"
 

@@ -57,7 +57,9 @@ log = logging.getLogger("orchard.pools")
 LEASE_S = 10  # a holder that stops renewing is replaced this long after its last renewal
 LEASE_RENEW_S = 2.0
 REFILL_POLL_S = 0.25  # the refiller looks at the (watched, in-memory) membership this often
-REFILL_CONCURRENCY = 8  # creates in flight per pool (pod starts are the kubelet's work)
+# Creates in flight per pool: 8, or one per 16 of its size up to 64 (a pool of 1,000 on
+# a big cluster fills in minutes, not a quarter of an hour; pod starts are the kubelets').
+REFILL_CONCURRENCY, REFILL_PER_POD, REFILL_CONCURRENCY_MAX = 8, 16, 64
 CLAIM_DEADLINE_S = 30.0  # a pod held `claiming` longer: its claimer died; removed
 CLAIM_TRIES = 16  # pods lost to other replicas' claims before a claim goes cold
 FLUSH_S = 1.0
@@ -69,6 +71,11 @@ FLUSH_S = 1.0
 REFILL_QUIET_S = 1.0
 LOW_WATER = 0.25
 Key = tuple[str, str]
+
+
+def refill_concurrency(size: int) -> int:
+    """Creates a pool of `size` keeps in flight while it refills."""
+    return min(REFILL_CONCURRENCY_MAX, max(REFILL_CONCURRENCY, size // REFILL_PER_POD))
 
 
 def refill_due(size: int, ready: int, since_claim_s: float) -> bool:
@@ -373,7 +380,7 @@ class ClusterPoolManager(PoolManager):
                 drop += [m.id for m in sorted(ready, key=lambda m: -m.since)[:-need]]
             for sid in set(drop):
                 self._spawn(self._discard(sid), f"pool-drop-{sid}")
-            room = REFILL_CONCURRENCY - len(here)
+            room = refill_concurrency(rec.size) - len(here)
             due = refill_due(rec.size, len(ready), since_claim)
             if need > 0 and room > 0 and due and now >= self._retry_at.get(rec.key, 0.0):
                 for _ in range(min(need, room)):

@@ -19,7 +19,7 @@ from ipaddress import IPv4Network
 from typing import Any, Literal
 
 from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
-from orchard.env.backends.kubernetes.pool_objects import pool_pod_labels
+from orchard.env.backends.kubernetes.pool_objects import pool_pod_annotations, pool_pod_labels
 from orchard.env.backends.network import ResolvedAllow
 from orchard.env.backends.volume_base import decode_mounts
 from orchard.env.errors import InvalidRequest
@@ -351,7 +351,8 @@ def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> 
     if opts.service_account:
         pod_spec["serviceAccountName"] = opts.service_account
     labels = {**opts.extra_labels, **selector(opts), L_SANDBOX: spec.id, L_COMPONENT: "sandbox"}
-    labels.update(pool_pod_labels(spec.owner))  # a warm pool's: found by them (pools.py)
+    labels.update(pool_pod_labels(spec.owner))  # a warm pool's: found by it (pools.py)
+    annotations = _annotations(spec, created_at, memory, cpu) | pool_pod_annotations(spec.owner)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -359,7 +360,7 @@ def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> 
             "name": pod_name(spec.id),
             "namespace": opts.namespace,
             "labels": labels,
-            "annotations": _annotations(spec, created_at, memory, cpu),
+            "annotations": annotations,
         },
         "spec": pod_spec,
     }

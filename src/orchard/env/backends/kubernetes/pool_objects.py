@@ -18,8 +18,11 @@ GROUP = "orchard.dev"
 VERSION = "v1alpha1"
 KIND = "SandboxPool"
 PLURAL = "sandboxpools"
-L_POOL = f"{GROUP}/pool"
-L_POOL_STATE = f"{GROUP}/pool-state"
+L_POOL = f"{GROUP}/pool"  # a label, for good: the pool a pod was made for
+# The pod's place in its pool, an annotation that a claim removes. Not a label: a label
+# change makes every node's NetworkPolicy agent (kube-router) sync its rules again,
+# which cost claims on a busy node (docs/kubernetes.md, "Warm pools").
+A_POOL_STATE = f"{GROUP}/pool-state"
 L_INSTANCE = f"{GROUP}/instance"  # the same key as objects.L_INSTANCE
 A_CLAIMING = f"{GROUP}/claiming-since"
 A_CLAIMED_BY = f"{GROUP}/claimed-by"
@@ -43,12 +46,15 @@ def lease_name(instance: str) -> str:
 
 
 def pool_pod_labels(sandbox_owner: str) -> dict[str, str]:
-    """The labels a pod is born with when its owner is a pool's (`<owner>:pool:<name>`):
-    found by them after any crash, half-made or not."""
+    """The label a pod is born with when its owner is a pool's (`<owner>:pool:<name>`):
+    found by it after any crash, half-made or not, and kept once claimed."""
     owner, sep, name = sandbox_owner.partition(POOL_SEP)
-    if not sep:
-        return {}
-    return {L_POOL: pool_key(owner, name), L_POOL_STATE: "creating"}
+    return {L_POOL: pool_key(owner, name)} if sep else {}
+
+
+def pool_pod_annotations(sandbox_owner: str) -> dict[str, str]:
+    """The state a pooled pod is born in (`creating`); none for any other pod."""
+    return {A_POOL_STATE: "creating"} if POOL_SEP in sandbox_owner else {}
 
 
 def build_pool(rec: Mapping[str, Any], namespace: str, instance: str) -> dict[str, Any]:
@@ -125,8 +131,9 @@ def status_of(obj: Mapping[str, Any]) -> tuple[int, int, str | None]:
 
 def pod_pool(pod: Mapping[str, Any]) -> tuple[str, PoolState] | None:
     """(pool key, state) of a pooled pod; None for any other pod (claimed ones included)."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    key, state = labels.get(L_POOL), labels.get(L_POOL_STATE)
+    meta = pod.get("metadata") or {}
+    key = (meta.get("labels") or {}).get(L_POOL)
+    state = (meta.get("annotations") or {}).get(A_POOL_STATE)
     if not key or state not in STATES:
         return None
     return str(key), state

@@ -2,7 +2,8 @@
 
 - Definitions: `SandboxPool` objects (pool_objects.py; the CRD validates them), watched
   like the pods, so `get`/`list` on any replica read the same thing.
-- Membership: the pooled pods' labels (`orchard.dev/pool`, `orchard.dev/pool-state`),
+- Membership: the pooled pods' label `orchard.dev/pool` and annotation
+  `orchard.dev/pool-state` (removed by a claim, which so changes no label),
   read from the backend's pod watch; nothing is held in a replica.
 - A claim is a merge patch of the pod that carries the `metadata.resourceVersion` the
   claimer saw: the API server refuses it (409) when the pod changed since, so of two
@@ -78,6 +79,7 @@ def claim_annotations(claim: Claim, now: float) -> dict[str, str | None]:
         objs.A_LABELS: json.dumps(claim.labels, sort_keys=True),
         objs.A_IDLE: repr(claim.idle_timeout_s) if claim.idle_timeout_s else "",
         objs.A_CREATED: repr(now),
+        po.A_POOL_STATE: None,
         po.A_CLAIMING: None,
         po.A_CLAIMED_BY: None,
     }
@@ -281,10 +283,12 @@ class KubernetesPools:
         now = time.time()
         meta: dict[str, Any] = {"resourceVersion": member.version}
         if claim is None:
-            meta["labels"] = {po.L_POOL_STATE: "claiming"}
-            meta["annotations"] = {po.A_CLAIMING: repr(now), po.A_CLAIMED_BY: by}
+            meta["annotations"] = {
+                po.A_POOL_STATE: "claiming",
+                po.A_CLAIMING: repr(now),
+                po.A_CLAIMED_BY: by,
+            }
         else:
-            meta["labels"] = {po.L_POOL: None, po.L_POOL_STATE: None}
             meta["annotations"] = claim_annotations(claim, now)
         try:
             pod = await self._patch_once(
@@ -298,14 +302,12 @@ class KubernetesPools:
         return objs.record_from_pod(pod, self.b.opts)
 
     async def hand_over(self, sandbox_id: str, claim: Claim) -> SandboxRecord:
-        meta = {
-            "labels": {po.L_POOL: None, po.L_POOL_STATE: None},
-            "annotations": claim_annotations(claim, time.time()),
-        }
-        return await self._patch_pod(sandbox_id, meta)
+        return await self._patch_pod(
+            sandbox_id, {"annotations": claim_annotations(claim, time.time())}
+        )
 
     async def mark_ready(self, sandbox_id: str) -> None:
-        await self._patch_pod(sandbox_id, {"labels": {po.L_POOL_STATE: "ready"}})
+        await self._patch_pod(sandbox_id, {"annotations": {po.A_POOL_STATE: "ready"}})
 
     def _pod_ns(self, sid: str) -> str:
         """Where the pod lives: the sandbox namespace, or its owner's (tenant namespaces);

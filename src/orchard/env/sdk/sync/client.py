@@ -41,7 +41,8 @@ class Orchard:
 
     :param base_url: `http(s)://host:port`, or `unix:///path/to.sock`; default ORCHARD_URL
     :param api_key: sent as a bearer token; default ORCHARD_API_KEY
-    :param timeout: default timeouts of a call (commands with `timeout_s` wait longer)
+    :param timeout: default timeouts of a call, in seconds or an `httpx.Timeout`
+        (commands with `timeout_s` wait longer)
     :param retry: how transient failures are retried (idempotent calls only, once sent)
     :param service_config: the in-process service's settings, when there is no URL
     :param transport: how requests are sent (default: Orchard's lean HTTP/1.1 transport;
@@ -54,7 +55,7 @@ class Orchard:
         base_url: str | None = None,
         api_key: str | None = None,
         *,
-        timeout: httpx.Timeout = core.DEFAULT_TIMEOUT,
+        timeout: float | httpx.Timeout = core.DEFAULT_TIMEOUT,
         retry: RetryPolicy | None = None,
         service_config: ServiceConfig | None = None,
         transport: httpx.BaseTransport | None = None,
@@ -62,7 +63,7 @@ class Orchard:
         self.target, self._service = connect(
             base_url, api_key, service_config, embed=transport is None
         )
-        self._timeout = timeout
+        self._timeout = timeout = core.as_timeout(timeout)
         self._retry = retry or RetryPolicy()
         self._transport = transport or transport_for(self.target.base_url, self.target.uds)
         # For requests of the caller's own (e.g. to `sb.port_url(...)`), over the same transport.
