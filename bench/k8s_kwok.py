@@ -535,19 +535,12 @@ def main(cleanup: common.Cleanup) -> int:
     )  # fmt: skip
     args = ap.parse_args()
     kube = Kube(args.kubeconfig)
-    # Undone last to first: kwok stops last, so the pods' deletions still finish at once.
-    cleanup.add("kwok", lambda: _sh("stop", args.kubeconfig))
-    cleanup.add(
-        "fake Nodes",
-        lambda: kube.run("delete", "nodes", "-l", f"{common.BENCH_LABEL}={BENCH}",
-                         "--ignore-not-found", "--wait=false", check=False),
-    )  # fmt: skip
+    start_kwok(cleanup, kube)
     cleanup.add(
         "namespace",
         lambda: kube.run("delete", "namespace", NAMESPACE, "--ignore-not-found",
                          "--wait=true", "--timeout=600s", check=False),
     )  # fmt: skip
-    _sh("start", args.kubeconfig)
     t0 = time.monotonic()
     out: dict[str, Any] = {"args": vars(args)}
     try:
@@ -557,6 +550,18 @@ def main(cleanup: common.Cleanup) -> int:
         out["total_s"] = time.monotonic() - t0
         common.write_json("k8s_kwok" if "markdown" in out else "k8s_kwok_partial", out)
     return 0
+
+
+def start_kwok(cleanup: common.Cleanup, kube: Kube) -> None:
+    """kwok started, to be stopped on the way out after this run's fake Nodes are deleted
+    (undone last to first: kwok stops last, so pods' deletions still finish at once)."""
+    cleanup.add("kwok", lambda: _sh("stop", kube.kubeconfig))
+    cleanup.add(
+        "fake Nodes",
+        lambda: kube.run("delete", "nodes", "-l", f"{common.BENCH_LABEL}={BENCH}",
+                         "--ignore-not-found", "--wait=false", check=False),
+    )  # fmt: skip
+    _sh("start", kube.kubeconfig)
 
 
 def _sh(cmd: str, kubeconfig: str) -> None:

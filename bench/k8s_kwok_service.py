@@ -120,6 +120,7 @@ def fake_agent(cidrs: list[str]) -> Iterator[dict[str, int]]:
     """The FAKE agent on AGENT_PORT, and the fake Nodes' pod ranges as local addresses."""
     added: list[str] = []
     server = ThreadingHTTPServer(("0.0.0.0", AGENT_PORT), _FakeAgent)
+    server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -225,13 +226,12 @@ def hold(
                     flush=True,
                 )
         wall = time.monotonic() - t0
-    pods = kube.get("pods", "-n", tenant_namespace(KubernetesOptions(), OWNER))["items"]
-    phases: dict[str, int] = {}
-    for p in pods:
-        phase = p["status"].get("phase", "?") + (
+    phases: dict[str, int] = {}  # the sandbox pods in the cluster, by namespace and phase
+    for p in kube.get("pods", "-A", "-l", "app.kubernetes.io/component=sandbox")["items"]:
+        key = f"{p['metadata']['namespace']} {p['status'].get('phase', '?')}" + (
             " (deleting)" if p["metadata"].get("deletionTimestamp") else ""
         )
-        phases[phase] = phases.get(phase, 0) + 1
+        phases[key] = phases.get(key, 0) + 1
     views = {}
     for url in replica_urls(kube):
         with Orchard(base_url=url, api_key=svc.keys[OWNER], timeout=300) as direct:
@@ -247,7 +247,7 @@ def hold(
         "create": common.summarize(creates),
         "batches": batches,
         "replica_views": views,
-        "tenant_pods_by_phase": phases,
+        "sandbox_pods_by_phase": phases,
         "errors": len(errors),
         "first_errors": errors[:5],
     }, ids
@@ -451,13 +451,7 @@ def main(cleanup: common.Cleanup) -> int:
     ap.add_argument("--race", type=int, default=200, help="(b): claims racing on both replicas")
     args = ap.parse_args()
     kube = Kube(args.kubeconfig)
-    cleanup.add("kwok", lambda: kw._sh("stop", args.kubeconfig))
-    cleanup.add(
-        "fake Nodes",
-        lambda: kube.run("delete", "nodes", "-l", f"{common.BENCH_LABEL}={kw.BENCH}",
-                         "--ignore-not-found", "--wait=false", check=False),
-    )  # fmt: skip
-    kw._sh("start", args.kubeconfig)
+    kw.start_kwok(cleanup, kube)
     image = images.busybox_image()
     out: dict[str, Any] = {"args": vars(args), "agent": "FAKE (see the module docstring)"}
     t0 = time.monotonic()
