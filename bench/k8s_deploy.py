@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SH = ROOT / "deploy" / "cluster" / "cluster.sh"
 OVERLAY = ROOT / "deploy" / "kubernetes" / "overlays" / "local"
 TENANTS = "orchard.dev/sandboxes=true,orchard.dev/instance=default"
+SERVICE_PODS = "app.kubernetes.io/name=orchard"
 OWNERS = ("alice", "bob", "capped")  # capped: max_sandboxes 5 (overlays/local/limits.yaml)
 
 
@@ -87,6 +88,18 @@ def _answers(url: str, key: str) -> bool:
     return False
 
 
+def keep_logs(kube: Kube) -> None:
+    """The replicas' logs, kept in build/bench-logs/ before the deployment goes (a bench's
+    failure is explained there)."""
+    out = ROOT / "build" / "bench-logs"
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(Exception):
+        for pod in kube.get("pods", "-n", "orchard-system", "-l", SERVICE_PODS)["items"]:
+            name = pod["metadata"]["name"]
+            log = kube.run("-n", "orchard-system", "logs", name, check=False)
+            (out / f"{name}.log").write_text(log)
+
+
 @contextlib.contextmanager
 def deployed(kube: Kube, settings: dict[str, str], limits: str | None = None) -> Iterator[Service]:
     """Apply the overlay with `settings` over its ConfigMap (and `limits`, a limits.yaml,
@@ -121,6 +134,7 @@ def deployed(kube: Kube, settings: dict[str, str], limits: str | None = None) ->
             time.sleep(0.5)
         yield svc
     finally:
+        keep_logs(kube)
         kube.run("delete", "-f", "-", "--wait=true", "--timeout=300s", "--ignore-not-found",
                  input_text=rendered, check=False)  # fmt: skip
         kube.run("delete", "namespace", "-l", TENANTS, "--wait=true", "--timeout=300s",

@@ -108,6 +108,9 @@ def burst(c: Orchard, image: str, n: int, workers: int, pool: str | None) -> dic
         try:
             for cmd in COMMANDS:
                 ok = ok and sb.exec(cmd).exit_code == 0
+        except Exception as e:  # counted: the success rate is part of the result
+            ok = False
+            print(f"exec in {sb.id} failed: {e}", file=sys.stderr)
         finally:
             sb.delete(missing_ok=True)
         with lock:
