@@ -519,12 +519,18 @@ async def amain(args: argparse.Namespace, out: dict[str, Any]) -> None:
         await client.close()
 
 
-def main(cleanup: common.Cleanup) -> int:
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """The kwok benches' command line: the cluster and how many fake Nodes."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--kubeconfig", required=True, help="the trial cluster's admin kubeconfig")
-    ap.add_argument("--nodes", type=int, default=200, help="fake Nodes (≤ 255: one /24 each)")
+    ap.add_argument("--nodes", type=int, default=200, help="fake Nodes (≤ 250: one /24 each)")
+    return ap
+
+
+def main(cleanup: common.Cleanup) -> int:
+    ap = parser(__doc__)
     ap.add_argument("--pods", type=int, default=5000, help="bare pods for (a) and (b)")
     ap.add_argument("--batch", type=int, default=1000, help="pods per batch (sampled after each)")
     ap.add_argument("--concurrency", type=int, default=32, help="API requests in flight")

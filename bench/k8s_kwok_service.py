@@ -437,11 +437,7 @@ async def _nodes(kubeconfig: str, n: int) -> tuple[dict[str, Any], list[str]]:
 
 
 def main(cleanup: common.Cleanup) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--kubeconfig", required=True, help="the trial cluster's admin kubeconfig")
-    ap.add_argument("--nodes", type=int, default=200, help="fake Nodes (≤ 250: one /24 each)")
+    ap = kw.parser(__doc__)
     ap.add_argument("--sandboxes", type=int, default=5000, help="(a): sandboxes held")
     ap.add_argument("--batch", type=int, default=1000, help="(a): sampled after each batch")
     ap.add_argument("--concurrency", type=int, default=64, help="(a), (d): requests at once")
