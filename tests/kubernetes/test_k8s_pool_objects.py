@@ -86,6 +86,9 @@ def test_a_pool_record_round_trips_and_pods_are_labelled_by_pool() -> None:
     assert pod["metadata"]["annotations"][po.A_POOL_STATE] == "creating"
     claimed = {"metadata": {**pod["metadata"], "annotations": {}}}
     assert po.pod_pool(claimed) is None and po.L_POOL in claimed["metadata"]["labels"]
+    # A pod an older rollout made (its state a label) is still a member.
+    old = {"metadata": {"labels": {po.L_POOL: "k", po.L_POOL_STATE_OLD: "ready"}}}
+    assert po.pod_pool(old) == ("k", "ready")
     plain = objs.build_pod(
         SandboxSpec(id="sb-2", owner="alice", image="b", agent_token="t", expires_at=1e10),
         options(),

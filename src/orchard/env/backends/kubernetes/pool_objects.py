@@ -23,6 +23,9 @@ L_POOL = f"{GROUP}/pool"  # a label, for good: the pool a pod was made for
 # change makes every node's NetworkPolicy agent (kube-router) sync its rules again,
 # which cost claims on a busy node (docs/kubernetes.md, "Warm pools").
 A_POOL_STATE = f"{GROUP}/pool-state"
+# Replicas of an older rollout wrote the state as a label of this key: still read (a pod
+# made by one is claimed by a newer one), and removed by a claim.
+L_POOL_STATE_OLD = A_POOL_STATE
 L_INSTANCE = f"{GROUP}/instance"  # the same key as objects.L_INSTANCE
 A_CLAIMING = f"{GROUP}/claiming-since"
 A_CLAIMED_BY = f"{GROUP}/claimed-by"
@@ -134,6 +137,7 @@ def pod_pool(pod: Mapping[str, Any]) -> tuple[str, PoolState] | None:
     meta = pod.get("metadata") or {}
     key = (meta.get("labels") or {}).get(L_POOL)
     state = (meta.get("annotations") or {}).get(A_POOL_STATE)
+    state = state or (meta.get("labels") or {}).get(L_POOL_STATE_OLD)
     if not key or state not in STATES:
         return None
     return str(key), state

@@ -70,6 +70,11 @@ def _parse_iso(value: Any) -> float | None:
     return None
 
 
+# A claimed pod's labels: an older rollout's state label gone (a no-op on any other pod,
+# so its labels do not change).
+CLAIMED_LABELS: dict[str, str | None] = {po.L_POOL_STATE_OLD: None}
+
+
 def claim_annotations(claim: Claim, now: float) -> dict[str, str | None]:
     """What a finished claim writes on the pod: the new owner and settings. The claim time
     becomes its created-at, so every replica's idle clock starts there."""
@@ -290,6 +295,7 @@ class KubernetesPools:
             }
         else:
             meta["annotations"] = claim_annotations(claim, now)
+            meta["labels"] = CLAIMED_LABELS
         try:
             pod = await self._patch_once(
                 Pod, objs.pod_name(member.id), {"metadata": meta}, self._pod_ns(member.id)
@@ -302,9 +308,8 @@ class KubernetesPools:
         return objs.record_from_pod(pod, self.b.opts)
 
     async def hand_over(self, sandbox_id: str, claim: Claim) -> SandboxRecord:
-        return await self._patch_pod(
-            sandbox_id, {"annotations": claim_annotations(claim, time.time())}
-        )
+        meta = {"annotations": claim_annotations(claim, time.time()), "labels": CLAIMED_LABELS}
+        return await self._patch_pod(sandbox_id, meta)
 
     async def mark_ready(self, sandbox_id: str) -> None:
         await self._patch_pod(sandbox_id, {"annotations": {po.A_POOL_STATE: "ready"}})
