@@ -210,7 +210,8 @@ class ClusterPoolManager(PoolManager):
         refiller removes. Pods held by a claim under way are left to it."""
         rec = await self._def(owner, name)
         await self.cluster.undefine(owner, name)
-        self._counts.pop(rec.key, None)
+        for kept in (self._counts, self._ready_seen, self._claimed_at):
+            kept.pop(rec.key, None)
         tasks = [t for k, t in self._making.values() if k == rec.key]
         for t in tasks:
             t.cancel()  # a create cut short removes what it made
