@@ -24,7 +24,7 @@ from orchard import Orchard
 from orchard.env import images
 from orchard.env.config import ServiceConfig
 from orchard.env.server import create_app
-from orchard.integrations._loopback import LoopbackDoor, rewrite_head
+from orchard.integrations._loopback import LoopbackDoor, body_framing, rewrite_head
 from orchard.integrations.openenv import OrchardProvider, cleanup
 from orchard.integrations.openenv_families import (
     OrchardEnvClient,
@@ -185,35 +185,73 @@ def test_the_door_moves_requests_under_the_link_one_per_connection() -> None:
     assert not upgrade and b"h2c" not in data and data.endswith(b"Connection: close\r\n\r\n")
 
 
+@pytest.mark.parametrize(
+    ("fields", "framing"),
+    [
+        (b"", 0),
+        (b"Content-Length: 12\r\n", 12),
+        (b"Content-Length: 3\r\nContent-Length: 3\r\n", 3),
+        (b"Transfer-Encoding: chunked\r\n", -1),
+        (b"Content-Length: 3\r\nContent-Length: 4\r\n", None),
+        (b"Content-Length: -3\r\n", None),
+        (b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n", None),
+        (b"Transfer-Encoding: gzip, chunked\r\n", None),
+    ],
+)
+def test_the_door_passes_only_unambiguous_bodies(fields: bytes, framing: int | None) -> None:
+    assert body_framing(b"POST / HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n") == framing
+
+
 def test_the_door_passes_one_request_per_connection(tmp_path: Path) -> None:
-    """Pipelined bytes after the first request never reach the service as a request."""
-    seen: list[str] = []
+    """Only the first request and its own body reach the service; pipelined bytes never do."""
+    seen: list[tuple[str, bytes]] = []
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        seen.append(scope["path"])
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        seen.append((scope["path"], body))
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
+    def exchange(port: int, data: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+            c.sendall(data)
+            answer = b""
+            while chunk := c.recv(65536):
+                answer += chunk
+        return answer
+
+    after = b"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\n\r\n"
     sock = str(tmp_path / "svc.sock")
     with serve_uvicorn(app, uds=sock):
         door = LoopbackDoor(sock, lambda: "/p/tok").start()
         try:
-            with socket.create_connection(("127.0.0.1", door.port), timeout=10) as c:
-                c.sendall(
-                    b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-                    b"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\n\r\n"
-                )
-                answer = b""
-                while chunk := c.recv(65536):
-                    answer += chunk
-            assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1
+            for request in (
+                b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+                b"POST /step HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"3\r\nhel\r\n2;x=y\r\nlo\r\n0\r\n\r\n",
+            ):
+                answer = exchange(door.port, request + after)
+                assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1
+            smuggled = b"POST /step HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 40\r\n\r\n"
+            assert exchange(door.port, smuggled + after).startswith(b"HTTP/1.1 400")
             with httpx.Client(base_url=door.url, trust_env=False) as http:
                 assert http.get("/ws", params={"a": "1"}).text == "ok"
         finally:
             door.stop()
-    assert seen == ["/p/tok/health", "/p/tok/ws"]
+    assert seen == [
+        ("/p/tok/health", b""),
+        ("/p/tok/step", b"hello"),
+        ("/p/tok/step", b"hello"),
+        ("/p/tok/ws", b""),
+    ]
 
 
 # ---------------------------------------------------------------- (b) families as environments

@@ -6,8 +6,9 @@ OpenEnv's clients (`requests`, `websockets`) cannot reach. `LoopbackDoor` listen
 under one port-link prefix (`/p/<token>`), so what comes in at `/ws` reaches `/ws` of the
 server inside the sandbox, and nothing else of the service can be reached through it:
 
-- one request per connection: the request is sent with `Connection: close`, so the
-  service answers it and closes, and pipelined bytes after it never become a request;
+- one request per connection: the request is sent with `Connection: close` and only its
+  own body (by `Content-Length`, or chunk by chunk) is passed on, so pipelined bytes
+  after it never reach the service at all;
 - a WebSocket upgrade: nothing the client sends after its request is passed on until the
   service answers `101`; from then on the bytes are WebSocket frames, not HTTP;
 - absolute-form targets, `*`, and `.`/`..` segments (however spelled) are refused (400).
@@ -114,7 +115,8 @@ class LoopbackDoor:
                 await writer.drain()
                 return
             rewritten = rewrite_head(head, prefix)
-            if rewritten is None:
+            framing = body_framing(head)
+            if rewritten is None or framing is None:
                 writer.write(_BAD_REQUEST)
                 await writer.drain()
                 return
@@ -128,14 +130,56 @@ class LoopbackDoor:
                 if status.split(b" ", 2)[1:2] != [b"101"]:
                     await _pipe(up_reader, writer)  # the refusal, then the service closes
                     return
-            await asyncio.gather(_pipe(reader, upstream), _pipe(up_reader, writer))
-        except (OSError, asyncio.CancelledError):
+                await asyncio.gather(_pipe(reader, upstream), _pipe(up_reader, writer))
+                return
+            await asyncio.gather(_body(reader, upstream, framing), _pipe(up_reader, writer))
+        except (OSError, asyncio.CancelledError, asyncio.IncompleteReadError):
+            pass
+        except (asyncio.LimitOverrunError, ValueError):  # a chunk line too long, or not hex
             pass
         finally:
             for w in (writer, upstream):
                 if w is not None:
                     with contextlib.suppress(Exception):
                         w.close()
+
+
+def body_framing(head: bytes) -> int | None:
+    """How the body of the request `head` is framed: its length, or -1 for chunked; None
+    for framing that is ambiguous (both, or differing lengths) and so must be refused."""
+    fields = [line.partition(b":") for line in head[:-4].split(b"\r\n")[1:]]
+    coding = [v.strip().lower() for n, _, v in fields if n.strip().lower() == b"transfer-encoding"]
+    lengths = {v.strip() for n, _, v in fields if n.strip().lower() == b"content-length"}
+    if coding:
+        return -1 if coding == [b"chunked"] and not lengths else None
+    if not lengths:
+        return 0
+    [length] = lengths if len(lengths) == 1 else [b"x"]
+    return int(length) if length.isdigit() else None
+
+
+async def _body(src: asyncio.StreamReader, dst: asyncio.StreamWriter, framing: int) -> None:
+    """Pass on one request body framed as `framing` says, and nothing after it."""
+    if framing < 0:
+        while True:
+            line = await src.readuntil(b"\r\n")
+            size = int(line.partition(b";")[0].strip(), 16)
+            dst.write(line)
+            if size == 0:
+                while (trailer := await src.readuntil(b"\r\n")) != b"\r\n":
+                    dst.write(trailer)
+                dst.write(trailer)
+                break
+            dst.write(await src.readexactly(size + 2))
+            await dst.drain()
+    while framing > 0:
+        chunk = await src.read(min(framing, 65536))
+        if not chunk:
+            break
+        dst.write(chunk)
+        framing -= len(chunk)
+        await dst.drain()
+    await dst.drain()
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
