@@ -460,3 +460,32 @@ def timer(out: list[float]) -> Iterator[None]:
 
 def ratio(peer: float, ours: float) -> float:
     return peer / ours if ours else float("nan")
+
+
+@contextlib.contextmanager
+def perf_window(name: str) -> Iterator[None]:
+    """With ORCHARD_BENCH_PERF=DIR, the whole host's CPU profile of this block only
+    (`perf record -a -g` into DIR/NAME.data; read it with `perf report -i`), so a
+    benchmark's set-up (image builds, the service's start) stays out of it."""
+    folder = os.environ.get("ORCHARD_BENCH_PERF")
+    if not folder or shutil.which("perf") is None:
+        yield
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    out = Path(folder) / f"{name}.data"
+    for i in range(2, 100):  # a later block of the same name (the next backend's) keeps both
+        if not out.exists():
+            break
+        out = Path(folder) / f"{name}-{i}.data"
+    proc = subprocess.Popen(
+        ["perf", "record", "-a", "-g", "-F", "499", "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.5)  # perf has opened its events
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        print(f"perf: {out}", file=sys.stderr)

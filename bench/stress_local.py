@@ -141,13 +141,14 @@ async def pipeline(
                     failures.append(f"#{i} exec {cmd!r}: exit {r.exit_code}: {r.stderr[:200]}")
                     return
 
-    t0 = time.perf_counter()
-    tasks = [asyncio.create_task(one(i)) for i in range(n)]
-    _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    e2e = time.perf_counter() - t0
+    with common.perf_window(f"burst-{common.RUN_ID}"):
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(one(i)) for i in range(n)]
+        _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        e2e = time.perf_counter() - t0
     if pending:
         failures.append(f"{len(pending)} sandboxes unfinished after {timeout_s:g} s")
     ok = n - len({f.split()[0] for f in failures if f.startswith("#")}) - len(pending)
@@ -175,13 +176,17 @@ async def delete_timed(
             await sb.delete()
             times.append(time.perf_counter() - t0)
 
-    t0 = time.perf_counter()
-    jobs = asyncio.gather(*(rm(b) for b in boxes), return_exceptions=True)
-    try:
-        await asyncio.wait_for(jobs, timeout_s)
-    except TimeoutError:
-        print(f"delete: not done after {timeout_s:g} s; cleanup removes the rest", file=sys.stderr)
-    return times, time.perf_counter() - t0
+    with common.perf_window(f"deletes-{common.RUN_ID}"):
+        t0 = time.perf_counter()
+        jobs = asyncio.gather(*(rm(b) for b in boxes), return_exceptions=True)
+        try:
+            await asyncio.wait_for(jobs, timeout_s)
+        except TimeoutError:
+            print(
+                f"delete: not done after {timeout_s:g} s; cleanup removes the rest",
+                file=sys.stderr,
+            )
+        return times, time.perf_counter() - t0
 
 
 def run_backend(
