@@ -74,6 +74,28 @@ def kubectl(
     return res
 
 
+# Where the live tests' own backends make their sandboxes (the deployed service uses tenant
+# namespaces of its own).
+NAMESPACE = os.environ.get("ORCHARD_TEST_K8S_NAMESPACE", "orchard-live-test")
+
+
+@pytest.fixture(scope="session")
+def live_namespace() -> Iterator[str]:
+    """NAMESPACE, made for this session when it is missing and then deleted after it
+    (with anything a test left in it); one that was there before is left as it was."""
+    got = kubectl("get", "namespace", NAMESPACE, "-o", "jsonpath={.status.phase}", check=False)
+    if got.stdout == "Terminating":  # an earlier session's, still going
+        kubectl("wait", "--for=delete", f"namespace/{NAMESPACE}", "--timeout=170s")
+    made = got.returncode != 0 or got.stdout == "Terminating"
+    if made:
+        kubectl("create", "namespace", NAMESPACE)
+    try:
+        yield NAMESPACE
+    finally:
+        if made:
+            kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
 def tenant_ns(owner: str) -> str:
     """Where the in-cluster service puts `owner`'s pods (kubernetes/tenants.py)."""
     return tenant_namespace(KubernetesOptions(), owner)

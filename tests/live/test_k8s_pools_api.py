@@ -19,11 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube import AsyncClient, KubeConfig
 from lightkube.core.client import LabelSelector
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Pod
 
 from orchard.env.backends.kubernetes import objects as objs
 from orchard.env.backends.kubernetes import pool_objects as po
@@ -56,10 +55,8 @@ def crd() -> None:
 
 
 @pytest.fixture
-async def api(crd: None) -> AsyncIterator[AsyncClient]:
+async def api(crd: None, live_namespace: str) -> AsyncIterator[AsyncClient]:
     client = AsyncClient(KubeConfig.from_file(KUBECONFIG))
-    with contextlib.suppress(ApiError):  # made by an earlier run, or another test
-        await client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
     try:
         yield client
     finally:

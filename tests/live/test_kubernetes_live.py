@@ -44,6 +44,7 @@ from orchard.env.errors import (
 from orchard.env.models import NetworkPolicy, SandboxCreate
 from orchard.env.server.service import SandboxService
 from tests.agent_routes import typed
+from tests.live.conftest import NAMESPACE
 
 KUBECONFIG = os.environ.get("ORCHARD_TEST_KUBECONFIG", "")
 pytestmark = [
@@ -53,7 +54,6 @@ pytestmark = [
         reason="set ORCHARD_TEST_KUBECONFIG to a kubeconfig to run these against a real cluster",
     ),
 ]
-NAMESPACE = os.environ.get("ORCHARD_TEST_K8S_NAMESPACE", "orchard-live-test")
 INJECTOR = os.environ.get("ORCHARD_TEST_K8S_INJECTOR_IMAGE", "orchard/agent-injector:local")
 # pytest runs outside the cluster, so its address must pass the agents' ingress policy.
 INGRESS = os.environ.get("ORCHARD_TEST_K8S_INGRESS_CIDRS", "0.0.0.0/0").split(",")
@@ -82,14 +82,8 @@ def image(sandbox_image: str) -> str:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[AsyncClient]:
+async def cluster(live_namespace: str) -> AsyncIterator[AsyncClient]:
     client = AsyncClient(KubeConfig.from_file(KUBECONFIG))
-    try:
-        await client.get(Namespace, NAMESPACE)
-    except ApiError as e:
-        if e.status.code != 404:
-            raise
-        await client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
     try:
         yield client
     finally:
