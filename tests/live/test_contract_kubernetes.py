@@ -37,8 +37,8 @@ from orchard.env.backends.kubernetes.backend import KubernetesBackend
 from orchard.env.config import ServiceConfig
 from orchard.env.models import NetworkPolicy
 from orchard.env.server import EmbeddedService
-from tests.live.conftest import KUBECONFIG, ctr_on
-from tests.live.test_kubernetes_live import NAMESPACE, options
+from tests.live.conftest import KUBECONFIG, NAMESPACE, ctr_on
+from tests.live.test_kubernetes_live import options
 
 pytestmark = pytest.mark.anyio
 KUBE_FACTS = Facts(

@@ -39,8 +39,8 @@ from orchard.env.server.pools import _Pool
 from orchard.env.server.pools_cluster import ClusterPoolManager
 from orchard.env.server.service import SandboxService
 from tests.agent_routes import typed
-from tests.live.conftest import KUBECONFIG, kubectl
-from tests.live.test_kubernetes_live import NAMESPACE, image, options
+from tests.live.conftest import KUBECONFIG, NAMESPACE, kubectl
+from tests.live.test_kubernetes_live import image, options
 
 pytestmark = pytest.mark.anyio
 __all__ = ["image"]  # the fixture, shared with test_kubernetes_live.py

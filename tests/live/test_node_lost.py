@@ -28,8 +28,8 @@ from orchard.env.errors import SandboxExited
 from orchard.env.models import SandboxCreate
 from orchard.env.server.service import SandboxService
 from tests.agent_routes import typed
-from tests.live.conftest import CLUSTER_SH, cordoned, kget, kubectl, nodes
-from tests.live.test_kubernetes_live import NAMESPACE, _service, cluster, image, options
+from tests.live.conftest import CLUSTER_SH, NAMESPACE, cordoned, kget, kubectl, nodes
+from tests.live.test_kubernetes_live import _service, cluster, image, options
 
 pytestmark = pytest.mark.anyio
 __all__ = ["cluster", "image"]  # fixtures of test_kubernetes_live, used here
