@@ -60,7 +60,7 @@ test-fast:  ## the quick loop: lint, go test and the unit tests, side by side; n
 # 108 bytes; --one-file-system never follows a mount a test left behind.
 PYTEST_WORKERS ?= 3
 test-py:
-	@tmp=$$(mktemp -d /tmp/ot.XXXX); rc=0; \
+	@tmp=/tmp/ot.$$$$; rm -rf --one-file-system $$tmp; mkdir -p $$tmp; rc=0; \
 	$(VENV)/bin/pytest -q --durations=30 -n $(PYTEST_WORKERS) --dist loadfile \
 	  --basetemp=$$tmp/p -m "not serial" || rc=1; \
 	ORCHARD_TEST_DOCKER_RESTART=1 $(VENV)/bin/pytest -q --basetemp=$$tmp/s -m serial || rc=1; \

@@ -91,56 +91,65 @@ async def stress(
     url: str, image: str, n: int, conc: int, timeout_s: float, measure: Callable[[], Any]
 ) -> dict[str, Any]:
     """Run the N pipelines; `measure()` runs with all sandboxes idle, then they are deleted."""
+    async with AsyncOrchard(url) as client:
+        res = await pipeline(client, image, n, conc, timeout_s)
+        boxes = res.pop("boxes")
+        measured = await asyncio.to_thread(measure)
+        delete_s = await delete_all(boxes, 32)
+        return {**res, "measured": measured, "delete_s": delete_s}
+
+
+async def pipeline(
+    client: AsyncOrchard, image: str, n: int, conc: int, timeout_s: float
+) -> dict[str, Any]:
+    """N sandboxes, each created and then running COMMANDS, `conc` in flight, all within
+    `timeout_s`; the sandboxes are kept (`boxes`) for the caller to measure and delete."""
     create_t: list[float] = []
     exec_t: list[float] = []
     failures: list[str] = []
     boxes: list[AsyncSandbox] = []
     sem = asyncio.Semaphore(conc)
-    async with AsyncOrchard(url) as client:
 
-        async def one(i: int) -> None:
-            async with sem:
-                t0 = time.perf_counter()
+    async def one(i: int) -> None:
+        async with sem:
+            t0 = time.perf_counter()
+            try:
+                sb = await client.sandboxes.create(image, labels=common.LABELS)
+            except Exception as e:
+                failures.append(f"#{i} create: {type(e).__name__}: {e}")
+                return
+            create_t.append(time.perf_counter() - t0)
+            boxes.append(sb)
+            for cmd in COMMANDS:
+                t1 = time.perf_counter()
                 try:
-                    sb = await client.sandboxes.create(image, labels=common.LABELS)
+                    r = await sb.exec(cmd, timeout_s=60)
                 except Exception as e:
-                    failures.append(f"#{i} create: {type(e).__name__}: {e}")
+                    failures.append(f"#{i} exec {cmd!r}: {type(e).__name__}: {e}")
                     return
-                create_t.append(time.perf_counter() - t0)
-                boxes.append(sb)
-                for cmd in COMMANDS:
-                    t1 = time.perf_counter()
-                    try:
-                        r = await sb.exec(cmd, timeout_s=60)
-                    except Exception as e:
-                        failures.append(f"#{i} exec {cmd!r}: {type(e).__name__}: {e}")
-                        return
-                    exec_t.append(time.perf_counter() - t1)
-                    if r.exit_code != 0 or not r.stdout.strip():
-                        failures.append(f"#{i} exec {cmd!r}: exit {r.exit_code}: {r.stderr[:200]}")
-                        return
+                exec_t.append(time.perf_counter() - t1)
+                if r.exit_code != 0 or not r.stdout.strip():
+                    failures.append(f"#{i} exec {cmd!r}: exit {r.exit_code}: {r.stderr[:200]}")
+                    return
 
-        t0 = time.perf_counter()
-        tasks = [asyncio.create_task(one(i)) for i in range(n)]
-        _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        e2e = time.perf_counter() - t0
-        if pending:
-            failures.append(f"{len(pending)} sandboxes unfinished after {timeout_s:g} s")
-        ok = n - len({f.split()[0] for f in failures if f.startswith("#")}) - len(pending)
-        measured = await asyncio.to_thread(measure)
-        delete_s = await delete_all(boxes, 32)
-        return {
-            "create_s": create_t,
-            "exec_s": exec_t,
-            "failures": failures,
-            "ok": ok,
-            "e2e_s": e2e,
-            "measured": measured,
-            "delete_s": delete_s,
-        }
+    t0 = time.perf_counter()
+    tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    e2e = time.perf_counter() - t0
+    if pending:
+        failures.append(f"{len(pending)} sandboxes unfinished after {timeout_s:g} s")
+    ok = n - len({f.split()[0] for f in failures if f.startswith("#")}) - len(pending)
+    return {
+        "create_s": create_t,
+        "exec_s": exec_t,
+        "failures": failures,
+        "ok": ok,
+        "e2e_s": e2e,
+        "boxes": boxes,
+    }
 
 
 async def delete_all(boxes: list[AsyncSandbox], conc: int, timeout: float = 300) -> float:

@@ -35,7 +35,7 @@ import cpu_split
 import docker
 import floor
 import local_leaks
-from stress import COMMANDS, settle_mib
+from stress import COMMANDS, pipeline, settle_mib
 
 from orchard import AsyncOrchard
 from orchard.env.sdk import AsyncSandbox
@@ -109,59 +109,6 @@ def delete_local_sandboxes(state: Path) -> None:
         print(f"cleanup: removed {n} local sandboxes", file=sys.stderr)
 
 
-async def pipeline(
-    client: AsyncOrchard, image: str, n: int, conc: int, timeout_s: float
-) -> dict[str, Any]:
-    """stress.stress()'s pipeline, keeping the sandboxes for the timed deletes."""
-    create_t: list[float] = []
-    exec_t: list[float] = []
-    failures: list[str] = []
-    boxes: list[AsyncSandbox] = []
-    sem = asyncio.Semaphore(conc)
-
-    async def one(i: int) -> None:
-        async with sem:
-            t0 = time.perf_counter()
-            try:
-                sb = await client.sandboxes.create(image, labels=common.LABELS)
-            except Exception as e:
-                failures.append(f"#{i} create: {type(e).__name__}: {e}")
-                return
-            create_t.append(time.perf_counter() - t0)
-            boxes.append(sb)
-            for cmd in COMMANDS:
-                t1 = time.perf_counter()
-                try:
-                    r = await sb.exec(cmd, timeout_s=60)
-                except Exception as e:
-                    failures.append(f"#{i} exec {cmd!r}: {type(e).__name__}: {e}")
-                    return
-                exec_t.append(time.perf_counter() - t1)
-                if r.exit_code != 0 or not r.stdout.strip():
-                    failures.append(f"#{i} exec {cmd!r}: exit {r.exit_code}: {r.stderr[:200]}")
-                    return
-
-    with common.perf_window(f"burst-{common.RUN_ID}"):
-        t0 = time.perf_counter()
-        tasks = [asyncio.create_task(one(i)) for i in range(n)]
-        _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        e2e = time.perf_counter() - t0
-    if pending:
-        failures.append(f"{len(pending)} sandboxes unfinished after {timeout_s:g} s")
-    ok = n - len({f.split()[0] for f in failures if f.startswith("#")}) - len(pending)
-    return {
-        "create_s": create_t,
-        "exec_s": exec_t,
-        "failures": failures,
-        "ok": ok,
-        "e2e_s": e2e,
-        "boxes": boxes,
-    }
-
-
 async def delete_timed(
     boxes: list[AsyncSandbox], conc: int, timeout_s: float = 300
 ) -> tuple[list[float], float]:
@@ -228,7 +175,7 @@ def run_backend(
         cpu0 = cpu_parts(svc.pid)
         times0 = cpu_split.proc_times(svc.pid)
         busy0 = cpu_split.host_busy_s()
-        with common.PeakMemory() as peak:
+        with common.PeakMemory() as peak, common.perf_window(f"burst-{common.RUN_ID}"):
             res = runner.run(pipeline(client, image, n, conc, timeout_s))
         load1 = os.getloadavg()[0]
         busy = cpu_split.host_busy_s() - busy0
