@@ -133,9 +133,9 @@ class LoopbackDoor:
                 await asyncio.gather(_pipe(reader, upstream), _pipe(up_reader, writer))
                 return
             await asyncio.gather(_body(reader, upstream, framing), _pipe(up_reader, writer))
-        except (OSError, asyncio.CancelledError, asyncio.IncompleteReadError):
-            pass
-        except (asyncio.LimitOverrunError, ValueError):  # a chunk line too long, or not hex
+        # The peer went away, or sent a chunk line too long (LimitOverrun) or not hex.
+        except (OSError, asyncio.CancelledError, asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError, ValueError):  # fmt: skip
             pass
         finally:
             for w in (writer, upstream):
@@ -152,9 +152,9 @@ def body_framing(head: bytes) -> int | None:
     lengths = {v.strip() for n, _, v in fields if n.strip().lower() == b"content-length"}
     if coding:
         return -1 if coding == [b"chunked"] and not lengths else None
-    if not lengths:
-        return 0
-    [length] = lengths if len(lengths) == 1 else [b"x"]
+    if len(lengths) > 1:
+        return None
+    length = lengths.pop() if lengths else b"0"
     return int(length) if length.isdigit() else None
 
 
