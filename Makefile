@@ -53,8 +53,18 @@ test-unit:  ## pytest without the tests that need a Docker engine or a cluster
 test-fast:  ## the quick loop: lint, go test and the unit tests, side by side; no engine, no cluster, no setup
 	@$(MAKE) --no-print-directory -j3 --output-sync=target lint test-go test-unit
 
-test-py:  # the daemon-restart fault test runs here, where nothing else uses the engine
-	ORCHARD_TEST_DOCKER_RESTART=1 $(VENV)/bin/pytest -q --durations=30
+# pytest in two parts: three workers, each taking whole files (the machine is idle ~60% of a
+# one-process run: engine calls, sandboxes starting, timeouts running out), then, alone, the
+# tests marked `serial`, which stop or pause the Docker engine every other test uses (the
+# daemon restart runs only here). A short --basetemp keeps sandboxes' socket paths under
+# 108 bytes; --one-file-system never follows a mount a test left behind.
+PYTEST_WORKERS ?= 3
+test-py:
+	@tmp=/tmp/ot.$$$$; rm -rf --one-file-system $$tmp; mkdir -p $$tmp; rc=0; \
+	$(VENV)/bin/pytest -q --durations=30 -n $(PYTEST_WORKERS) --dist loadfile \
+	  --basetemp=$$tmp/p -m "not serial" || rc=1; \
+	ORCHARD_TEST_DOCKER_RESTART=1 $(VENV)/bin/pytest -q --basetemp=$$tmp/s -m serial || rc=1; \
+	rm -rf --one-file-system $$tmp; exit $$rc
 
 test: setup  ## lint, then go test and pytest (needs a Docker engine; setup starts one)
 	@$(MAKE) --no-print-directory lint

@@ -251,6 +251,7 @@ def test_embedded_service_without_keys(
     assert not os.path.exists(svc.socket_path)
 
 
+@pytest.mark.serial
 def test_stalled_engine_gives_503_then_reconcile_cleans_up(
     start_service: Factory, busybox_image: str
 ) -> None:

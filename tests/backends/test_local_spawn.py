@@ -33,16 +33,19 @@ async def test_run_writes_to_the_log_file(tmp_path: Path) -> None:
 
 
 async def test_run_past_its_timeout_is_killed_and_reaped() -> None:
+    # Only new ones: earlier tests' orphans may have come to this process (a subreaper).
+    before = _children()
     t0 = time.monotonic()
     with pytest.raises(Unavailable, match="took over"):
         await spawn.run(["sleep", "30"], what="sleep", timeout_s=0.2)
     assert time.monotonic() - t0 < 5
-    assert "sleep" not in _children(), "left running or unreaped"
+    new = [name for pid, name in _children().items() if pid not in before]
+    assert "sleep" not in new, "left running or unreaped"
 
 
-def _children() -> list[str]:
-    """Names of this process's children (zombies too)."""
-    names = []
+def _children() -> dict[int, str]:
+    """This process's children (zombies too), by pid."""
+    names = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
@@ -50,7 +53,7 @@ def _children() -> list[str]:
             continue
         fields = text[text.rindex(")") + 2 :].split()
         if int(fields[1]) == os.getpid():
-            names.append(text[text.index("(") + 1 : text.rindex(")")])
+            names[int(stat.parent.name)] = text[text.index("(") + 1 : text.rindex(")")]
     return names
 
 

@@ -254,6 +254,7 @@ def restart_dockerd(timeout_s: float = 60.0) -> None:
     reason="restarts the host's Docker daemon (stops every container): set "
     "ORCHARD_TEST_DOCKER_RESTART=1 (make test does)",
 )
+@pytest.mark.serial
 def test_docker_daemon_restart(service: Service, busybox_image: str) -> None:
     with service.client() as c:
         before = create(c, busybox_image)["id"]

@@ -194,6 +194,8 @@ def _cleanup_created(case: Any, response: Any, env: FuzzEnv) -> None:
             c.delete(f"/v1/sandboxes/{sb['id']}")
 
 
+# serial: its operations share one node id, and pytest-xdist would run (and report) only one.
+@pytest.mark.serial
 @schema.parametrize()
 @settings(
     max_examples=EXAMPLES,
