@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -76,3 +77,44 @@ def test_release_stopped_removes_the_state_folder(tmp_path: Path) -> None:
     (tmp_path / "abc" / "state.json").write_text("{}")
     assert release_stopped(tmp_path, "orchard-test-none", "abc")
     assert not (tmp_path / "abc").exists()
+
+
+def _zombie(name: str) -> int:
+    """A child that has ended and that nobody reaps yet (a zombie), named `name`."""
+    pid = os.posix_spawnp(name, [name], os.environ)
+    deadline = time.monotonic() + 10
+    while _state(pid) != "Z":
+        assert time.monotonic() < deadline, f"{name} did not end"
+        time.sleep(0.01)
+    return pid
+
+
+def _state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def test_a_zombie_nobody_reaps_does_not_hide_the_strays_behind_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The peek sees the oldest zombie first: a foreign one there used to end every sweep."""
+    monkeypatch.setattr(spawn, "_last_scan", 0.0)
+    foreign = _zombie("false")  # not the runtime's, and nobody waits for it
+    strays = [_zombie("true") for _ in range(3)]
+    try:
+        assert spawn.reap_strays(frozenset({"true"})) >= 3
+        assert [_state(pid) for pid in strays] == [None] * 3, "the strays are reaped"
+        assert _state(foreign) == "Z", "a zombie of another name is left to its owner"
+        # The scan runs at most every SCAN_EVERY_S: a foreign zombie costs no scan per call.
+        late = _zombie("true")
+        assert spawn.reap_strays(frozenset({"true"})) == 0
+        assert _state(late) == "Z"
+        monkeypatch.setattr(spawn, "_last_scan", 0.0)
+        assert spawn.reap_strays(frozenset({"true"})) == 1
+    finally:
+        for pid in (foreign, *strays):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)

@@ -16,6 +16,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -27,6 +28,10 @@ from orchard.env.errors import Unavailable
 _waiting: set[int] = set()
 
 
+SCAN_EVERY_S = 5.0  # the fallback's full scan of our children, at most this often
+_last_scan = 0.0
+
+
 def reap_strays(names: frozenset[str]) -> int:
     """Reap exited children of ours that nobody waits for; how many.
 
@@ -35,26 +40,60 @@ def reap_strays(names: frozenset[str]) -> int:
     stays a zombie, holding a pid and its CPU times, until reaped. Only zombies whose
     name is one of `names` (the runtime's) and that `run` is not waiting for are reaped,
     so no other waiter (Popen, the event loop's child watcher, a sandbox's pidfd) loses
-    an exit status. waitid(WNOWAIT) peeks at one zombie at a time; a zombie that is not
-    a stray ends the sweep (it is about to be reaped by its waiter; the next sweep goes
-    on)."""
+    an exit status. waitid(WNOWAIT) peeks at the oldest zombie, cheaply; when that one is
+    not a stray (its waiter is about to reap it, or an orphan of something else nobody
+    reaps) the strays behind it are found by a scan of our children instead, at most every
+    SCAN_EVERY_S, so one zombie that is never reaped cannot make them pile up."""
     reaped = 0
     while True:
         try:
             info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return reaped
-        if info is None or info.si_pid in _waiting:
+        if info is None:
             return reaped
-        try:
-            name = Path(f"/proc/{info.si_pid}/comm").read_text().strip()
-        except OSError:
-            return reaped
-        if name not in names:
-            return reaped
+        if info.si_pid in _waiting or _name(info.si_pid) not in names:
+            return reaped + _scan(names)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(info.si_pid, 0)
             reaped += 1
+
+
+def _name(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def _children() -> set[int]:
+    """Our children, from each thread's list (an orphan comes to whichever thread)."""
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            pids.update(int(p) for p in (task / "children").read_text().split())
+    return pids
+
+
+def _scan(names: frozenset[str]) -> int:
+    """Reap the runtime's zombies among all our children (rate-limited: see reap_strays)."""
+    global _last_scan
+    now = time.monotonic()
+    if now - _last_scan < SCAN_EVERY_S:
+        return 0
+    _last_scan = now
+    reaped = 0
+    for pid in _children() - _waiting:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
+        if state == "Z" and name in names:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    reaped += 1
+    return reaped
 
 
 async def _exited(pidfd: int) -> None:
