@@ -410,6 +410,7 @@ start_component() {
     start containerd containerd --config "$STATE/containerd/config.toml"
     wait_for containerd 30 ctr -a "$CTR_SOCK" version ;;
   kubelet)
+    own_node "$node" "$NODE_POD_CIDR"
     start kubelet "$BIN/kubelet" --config "$STATE/kubelet/config.yaml" \
       --kubeconfig "$KCFG/kubelet.kubeconfig" --root-dir "$STATE/kubelet/root" \
       --hostname-override "$node" --node-ip "$ip" --v 1 ;;
@@ -420,6 +421,20 @@ start_component() {
       --hostname-override "$node" "${KR_FLAGS[@]}" ;;
   *) n2_start_component "$name" ;;
   esac
+}
+
+# own_node NAME CIDR: the Node object, with its pod CIDR, made before its kubelet registers
+# (which then takes it over). The controller manager's allocator gives CIDRs in an order of
+# its own: twice in a row it gave node 1's fixed range to node 2. One it finds set, it keeps.
+own_node() {
+  local have
+  have="$(kctl get node "$1" -o jsonpath='{.spec.podCIDR}' 2>/dev/null || true)"
+  if [ -z "$have" ]; then
+    printf '{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "%s"}, "spec": {"podCIDR": "%s", "podCIDRs": ["%s"]}}' \
+      "$1" "$2" "$2" | kctl create -f - >/dev/null 2>&1 ||
+      have="$(kctl get node "$1" -o jsonpath='{.spec.podCIDR}')"  # made meanwhile
+  fi
+  [ -z "$have" ] || [ "$have" = "$2" ] || die "node $1 has pod CIDR $have, not $2: cluster.sh down, then up"
 }
 
 # import_images SOCKET DB IMAGE...: docker save | ctr import into one node's containerd,

@@ -16,6 +16,7 @@ N2=orchard-n2
 N2_VETH=orchk8s-n2
 N2_HOST_IP=10.250.0.1
 N2_IP=10.250.0.2
+N2_POD_CIDR=10.244.1.0/24  # its Node is made with it (own_node in cluster.sh)
 N2_NET=10.250.0.0/30
 N2_BRIDGE=orchk8s1
 N2_STATE="$STATE/n2"
@@ -142,6 +143,7 @@ n2_start_component() {
     n2_start n2-containerd containerd --config "$N2_STATE/containerd.toml"
     wait_for "node 2's containerd" 30 ctr -a "$N2_SOCK" version ;;
   n2-kubelet)
+    own_node "$node" "$N2_POD_CIDR"
     n2_start n2-kubelet "$BIN/kubelet" --config "$N2_STATE/kubelet/config.yaml" \
       --kubeconfig "$KCFG/n2-kubelet.kubeconfig" --root-dir "$N2_STATE/kubelet/root" \
       --hostname-override "$node" --node-ip "$N2_IP" --v 1 ;;
