@@ -59,6 +59,7 @@ def service(kubeconfig: str, owner: str | None) -> tuple[str, str]:
 def steady_claims(c: Orchard, pool: str, n: int, rate: float, env: bool) -> dict[str, Any]:
     """n claims sent at `rate`/s (open loop), each timed from its own send."""
     times: list[float] = []
+    sent: list[tuple[float, float]] = []  # (s after the first send, ms)
     warm, ids, lock = 0, [], threading.Lock()
     start = time.monotonic() + 0.2
 
@@ -74,6 +75,7 @@ def steady_claims(c: Orchard, pool: str, n: int, rate: float, env: bool) -> dict
         took = time.monotonic() - t
         with lock:
             times.append(took)
+            sent.append((round(t - start, 2), round(took * 1000, 1)))
             ids.append(sb.id)
             warm += bool(sb.info.from_pool)
 
@@ -82,7 +84,13 @@ def steady_claims(c: Orchard, pool: str, n: int, rate: float, env: bool) -> dict
     wall = time.monotonic() - start
     with ThreadPoolExecutor(16) as ex:
         list(ex.map(c.sandboxes.delete, ids))
-    return {**common.summarize(times), "warm": warm, "rate_achieved": n / wall}
+    timeline = sorted(sent)  # where in the run the tail fell (a refill starting, say)
+    return {
+        **common.summarize(times),
+        "warm": warm,
+        "rate_achieved": n / wall,
+        "timeline": timeline,
+    }
 
 
 def burst(c: Orchard, image: str, n: int, workers: int, pool: str | None) -> dict[str, Any]:

@@ -27,7 +27,12 @@ from orchard.env.models.pool import PoolCreate
 from orchard.env.sdk import Orchard
 from orchard.env.server import EmbeddedService
 from orchard.env.server.pools import PoolManager
-from orchard.env.server.pools_cluster import REFILL_QUIET_S, refill_concurrency, refill_due
+from orchard.env.server.pools_cluster import (
+    REFILL_CONCURRENCY_LOW,
+    REFILL_QUIET_S,
+    refill_concurrency,
+    refill_due,
+)
 from orchard.env.server.service import SandboxService
 from tests.tenants import clean, cli_runner, client, two_tenants
 
@@ -353,3 +358,5 @@ def test_a_cluster_pool_refills_once_its_claims_pause_or_it_runs_low() -> None:
     assert refill_due(100, 90, float("inf"))  # never claimed
     # Creates in flight grow with the pool: a pool of 1,000 fills in minutes.
     assert [refill_concurrency(n) for n in (1, 100, 300, 1000)] == [8, 8, 18, 62]
+    # ...but while claims still come (a low pool), a few, so the claims stay fast.
+    assert refill_concurrency(1000, claims_flowing=True) == REFILL_CONCURRENCY_LOW
