@@ -60,7 +60,7 @@ def main(cleanup: common.Cleanup) -> int:
             common.write_json("k8s_bench", {**out, "markdown": table})  # kept if pools fail
         if "pools" in only:
             with Orchard(base_url=svc.url, api_key=key) as c:
-                out["pools"], table = k8s_pools.measure(c, args.image, args)
+                out["pools"], table = k8s_pools.measure(c, args.image, args, kube)
             md.append(table)
     out["total_s"] = time.monotonic() - t0
     out["markdown"] = "\n\n".join(md)

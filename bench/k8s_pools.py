@@ -1,8 +1,10 @@
 """Warm pools on Kubernetes through the in-cluster service (docs/kubernetes.md, "Warm pools").
 
 1. Pool claims at a steady rate (default 20 claims/s, open loop: claim i is sent at
-   i / rate s whatever the others do), from a full pool, as labels only (one API update)
-   and with env (the agent told, two updates). p50 / p99 of each claim's round trip.
+   i / rate s whatever the others do), from a full pool on a settled node (no sandbox pod
+   still going away or starting), as labels only (one API update) and with env (the agent
+   told, two updates). p50 / p99 of each claim's round trip, and each claim's send time
+   and latency (`timeline`: where in the run the slow ones fell).
 2. N sandboxes x 4 commands (default 300), `--workers` at a time, each created, used and
    deleted: cold first (before the pool exists, so no refill competes), then claimed from
    a full pool (its size at most 100: the rest is whatever the refill had ready, else
@@ -35,6 +37,7 @@ import common
 from k8s_deploy import Kube
 
 from orchard import Orchard
+from orchard.env.backends.kubernetes.objects import L_COMPONENT
 
 COMMANDS = ["echo $0", "ls /", "cat /proc/version | head -c 40", "sh -lc 'cat /proc/version'"]
 
@@ -54,6 +57,26 @@ def service(kubeconfig: str, owner: str | None) -> tuple[str, str]:
     )
     key = keys[owner] if owner else next(iter(keys.values()))
     return f"http://{Kube(kubeconfig).node_ip()}:30080", key
+
+
+def settled(kube: Kube | None, timeout_s: float = 300) -> None:
+    """Wait until no sandbox pod is still going away or starting (the phase before this
+    one deleted and refilled a hundred: its teardown must not be charged to these claims)."""
+    if kube is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pods = kube.get("pods", "-A", "-l", f"{L_COMPONENT}=sandbox")["items"]
+        busy = [
+            p
+            for p in pods
+            if p["metadata"].get("deletionTimestamp") or p["status"].get("phase") == "Pending"
+        ]
+        if not busy:
+            time.sleep(2)  # the kubelet's and kube-router's last syncs
+            return
+        time.sleep(1)
+    print(f"the node did not settle in {timeout_s:g} s; measuring anyway", file=sys.stderr)
 
 
 def steady_claims(c: Orchard, pool: str, n: int, rate: float, env: bool) -> dict[str, Any]:
@@ -134,7 +157,9 @@ def burst(c: Orchard, image: str, n: int, workers: int, pool: str | None) -> dic
     return {"total_s": total, "success": (n - failures) / n, "warm": warm, **s}
 
 
-def measure(c: Orchard, image: str, args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+def measure(
+    c: Orchard, image: str, args: argparse.Namespace, kube: Kube | None = None
+) -> tuple[dict[str, Any], str]:
     """Cold burst first (no pool yet, so no refill competes), then the pool: its claims at
     a steady rate (labels only, then with env; refilled in between), then the burst from
     it. Returns the results and their tables as Markdown."""
@@ -151,6 +176,7 @@ def measure(c: Orchard, image: str, args: argparse.Namespace) -> tuple[dict[str,
         rows = []
         for env in (False, True):
             c.pools.wait_ready(name, timeout_s=900)
+            settled(kube)
             r = steady_claims(c, name, min(args.claims, args.pool_size), args.rate, env)
             out["claims_env" if env else "claims"] = r
             what = "claim, env + labels" if env else "claim, labels"
@@ -208,7 +234,7 @@ def main(cleanup: common.Cleanup) -> int:
     args = ap.parse_args()
     url, key = service(args.kubeconfig, args.owner)
     with Orchard(base_url=url, api_key=key) as c:
-        out, md = measure(c, args.image, args)
+        out, md = measure(c, args.image, args, Kube(args.kubeconfig))
     common.write_json("k8s_pools", {"args": vars(args), **out, "markdown": md})
     return 0
 
