@@ -413,7 +413,8 @@ start_component() {
     own_node "$node" "$NODE_POD_CIDR"
     start kubelet "$BIN/kubelet" --config "$STATE/kubelet/config.yaml" \
       --kubeconfig "$KCFG/kubelet.kubeconfig" --root-dir "$STATE/kubelet/root" \
-      --hostname-override "$node" --node-ip "$ip" --v 1 ;;
+      --hostname-override "$node" --node-ip "$ip" --v 1
+    node_addressed "$node" ;;
   kube-proxy)
     start kube-proxy "$BIN/kube-proxy" --config "$STATE/kube-proxy.yaml" ;;
   kube-router)
@@ -435,6 +436,15 @@ own_node() {
       have="$(kctl get node "$1" -o jsonpath='{.spec.podCIDR}')"  # made meanwhile
   fi
   [ -z "$have" ] || [ "$have" = "$2" ] || die "node $1 has pod CIDR $have, not $2: cluster.sh down, then up"
+}
+
+# node_addressed NAME: wait until the kubelet has written its Node's InternalIP. A kubelet
+# that finds its Node made (own_node) writes the status only at its next update, and
+# kube-router, started next, reads its node once as it starts: started before the
+# address was there, it enforced no NetworkPolicy (the live suite's egress tests failed).
+node_addressed() { wait_for "node $1's address" 60 has_internal_ip "$1"; }
+has_internal_ip() {
+  [ -n "$(kctl get node "$1" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')" ]
 }
 
 # import_images SOCKET DB IMAGE...: docker save | ctr import into one node's containerd,

@@ -146,7 +146,8 @@ n2_start_component() {
     own_node "$node" "$N2_POD_CIDR"
     n2_start n2-kubelet "$BIN/kubelet" --config "$N2_STATE/kubelet/config.yaml" \
       --kubeconfig "$KCFG/n2-kubelet.kubeconfig" --root-dir "$N2_STATE/kubelet/root" \
-      --hostname-override "$node" --node-ip "$N2_IP" --v 1 ;;
+      --hostname-override "$node" --node-ip "$N2_IP" --v 1
+    node_addressed "$node" ;;
   n2-kube-proxy)
     n2_start n2-kube-proxy "$BIN/kube-proxy" --config "$N2_STATE/kube-proxy.yaml" ;;
   n2-kube-router)
