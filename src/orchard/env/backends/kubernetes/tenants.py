@@ -260,6 +260,29 @@ class Tenants:
         if newer and (seen.get("spec") or {}).get("hard") != body["spec"]["hard"]:
             return  # a replica of a later rollout wrote its limits: they stand
         await self._apply(body, f"quota of {ns}")
+        await self._wait_quota_synced(ns)
+
+    async def _wait_quota_synced(self, ns: str) -> None:
+        """Until the quota controller has computed the quota's usage (its status holds the
+        spec's limits). Before that the API server refuses every pod of the namespace; and a
+        first computation made while pods are being admitted counts them from the
+        controller's cache, which can lag the count admission keeps, and so can write one
+        pod fewer than there are (the likely way a burst over two replicas once got 6 pods
+        past a quota of 5)."""
+        deadline = time.monotonic() + _SA_WAIT_S
+        while True:
+            quota = _dict(
+                await self.b._call(
+                    f"get quota of {ns}",
+                    lambda: self.b.client.get(ResourceQuota, QUOTA_NAME, namespace=ns),
+                )
+            )
+            hard = (quota.get("spec") or {}).get("hard")
+            if hard == (quota.get("status") or {}).get("hard"):
+                return
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the quota of namespace {ns} is not computed yet; retry")
+            await asyncio.sleep(0.1)
 
     async def _wait_service_account(self, ns: str) -> None:
         """Pods are refused until the namespace's service account exists (the controller
