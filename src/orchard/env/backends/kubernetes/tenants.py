@@ -47,7 +47,7 @@ A_LIMITS_FROM = f"{objs.GROUP}/limits-from"  # start time of the replica that wr
 QUOTA_NAME = "orchard-quota"
 DENY_NAME = "orchard-default-deny"
 PSA = "pod-security.kubernetes.io"
-_SA_WAIT_S = 15.0
+_SA_WAIT_S = 15.0  # the namespace's service account, and its quota's first count
 # What the quota's resources are in Orchard's limits (its refusals name the latter).
 _LIMIT_OF = {
     "count/pods": "max_sandboxes",
@@ -247,12 +247,7 @@ class Tenants:
         lim = self.limits.of(holder(owner))
         body = build_quota(self.opts, owner, lim, self.started_at)
         try:
-            seen = _dict(
-                await self.b._call(
-                    f"get quota of {ns}",
-                    lambda: self.b.client.get(ResourceQuota, QUOTA_NAME, namespace=ns),
-                )
-            )
+            seen = await self._quota(ns)
         except NotFound:
             seen = {}
         ann = (seen.get("metadata") or {}).get("annotations") or {}
@@ -261,6 +256,13 @@ class Tenants:
             return  # a replica of a later rollout wrote its limits: they stand
         await self._apply(body, f"quota of {ns}")
         await self._wait_quota_synced(ns)
+
+    async def _quota(self, ns: str) -> dict[str, Any]:
+        got = await self.b._call(
+            f"get quota of {ns}",
+            lambda: self.b.client.get(ResourceQuota, QUOTA_NAME, namespace=ns),
+        )
+        return _dict(got)
 
     async def _wait_quota_synced(self, ns: str) -> None:
         """Until the quota controller has computed the quota's usage (its status holds the
@@ -271,12 +273,7 @@ class Tenants:
         past a quota of 5)."""
         deadline = time.monotonic() + _SA_WAIT_S
         while True:
-            quota = _dict(
-                await self.b._call(
-                    f"get quota of {ns}",
-                    lambda: self.b.client.get(ResourceQuota, QUOTA_NAME, namespace=ns),
-                )
-            )
+            quota = await self._quota(ns)
             hard = (quota.get("spec") or {}).get("hard")
             if hard == (quota.get("status") or {}).get("hard"):
                 return
