@@ -4,6 +4,7 @@ VENV       := .venv
 PY         := $(VENV)/bin/python
 VERSION    := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 AGENT_BIN  := build/orchard-agent
+BOOT_BIN   := build/orchard-boot
 AGENT_SRC  := $(shell find agent -name "*.go" -not -name "*_test.go") agent/go.mod
 export HF_HUB_OFFLINE := 1
 
@@ -16,7 +17,7 @@ setup:  ## install what is missing (apt packages, .venv, agent) and start docker
 	@bash scripts/setup.sh
 	@$(MAKE) --no-print-directory agent
 
-agent: $(AGENT_BIN) src/orchard/bin/orchard-agent  ## build the static in-sandbox agent
+agent: $(AGENT_BIN) src/orchard/bin/orchard-agent $(BOOT_BIN) src/orchard/bin/orchard-boot  ## build the static in-sandbox agent (and its loader for Kubernetes pods)
 
 $(AGENT_BIN): $(AGENT_SRC)
 	@mkdir -p build
@@ -25,6 +26,16 @@ $(AGENT_BIN): $(AGENT_SRC)
 src/orchard/bin/orchard-agent: $(AGENT_BIN)
 	@mkdir -p src/orchard/bin
 	cp $(AGENT_BIN) $@
+
+# The loader that starts the agent from its ConfigMaps in a Kubernetes pod: C, static, so it
+# fits in one ConfigMap (1 MiB; a Go program would not).
+$(BOOT_BIN): agent/boot/boot.c
+	@mkdir -p build
+	cc -static -Os -s -Wall -Wextra -Werror -o $@ $<
+
+src/orchard/bin/orchard-boot: $(BOOT_BIN)
+	@mkdir -p src/orchard/bin
+	cp $(BOOT_BIN) $@
 
 lint:  ## ruff, mypy --strict (src and tests), gofmt, go vet (linux and darwin)
 	$(VENV)/bin/ruff check src tests bench

@@ -33,6 +33,8 @@ from lightkube.resources.core_v1 import Namespace, Pod
 
 from orchard import Orchard
 from orchard.env.backends.base import SandboxSpec
+from orchard.env.backends.kubernetes import agent_parts
+from orchard.env.backends.kubernetes.agent_parts import AgentParts
 from orchard.env.backends.kubernetes.objects import (
     KubernetesOptions,
     build_baseline_policy,
@@ -77,9 +79,12 @@ def service_pods(kube: Kube) -> list[str]:
     return [p["metadata"]["uid"] for p in replicas["items"]]
 
 
-def orchard_pod(name: str, namespace: str, image: str, opts: KubernetesOptions) -> dict[str, Any]:
+def orchard_pod(
+    name: str, namespace: str, image: str, opts: KubernetesOptions, agent: AgentParts | None
+) -> dict[str, Any]:
     """The pod Orchard's service would make for `create(image)` (objects.build_pod, the
-    deployed ConfigMap's options), under a bench instance the service does not reconcile."""
+    deployed ConfigMap's options, the agent's ConfigMaps when that is how it is delivered),
+    under a bench instance the service does not reconcile."""
     spec = SandboxSpec(
         id="sb-" + name.removeprefix("floor-").rjust(12, "0"),
         owner="bench",
@@ -87,7 +92,7 @@ def orchard_pod(name: str, namespace: str, image: str, opts: KubernetesOptions) 
         agent_token="bench",
         expires_at=time.time() + 3600,
     )
-    pod = build_pod(spec, opts, time.time())
+    pod = build_pod(spec, opts, time.time(), agent)
     pod["metadata"].update(name=name, namespace=namespace)
     return pod
 
@@ -109,10 +114,14 @@ async def _floor(
     )
     if shape != "bare":  # and its namespace's deny-all policy (tenants.py makes it)
         await client.create(codecs.from_dict(build_baseline_policy(opts)))
+    agent = agent_parts.load() if opts.agent_delivery == "configmap" else None
+    if shape == "orchard-pod" and agent is not None:  # as the service makes them, once
+        for cm in agent.configmaps(ns, {}):
+            await client.create(codecs.from_dict(cm))
 
     def make(name: str) -> dict[str, Any]:
         if shape == "orchard-pod":
-            return orchard_pod(name, ns, image, opts)
+            return orchard_pod(name, ns, image, opts, agent)
         pod = bare_pod(name, ns, image)
         if shape == "policy":  # selected by the deny-all policy, as a sandbox is
             pod["metadata"]["labels"].update(selector(opts))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up on Debian/Ubuntu: system packages, Docker daemon, .venv.
+# gcc, libc6-dev: the agent's loader for Kubernetes pods (agent/boot/boot.c), built static.
 # chromium: the browser tests (inspect view, the dashboard) drive it through Playwright.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +9,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 need=()
-for pkg in golang-go docker.io mmdebstrap busybox-static make iptables git ca-certificates runc crun umoci skopeo dnsmasq-base chromium fonts-dejavu-core; do
+for pkg in golang-go gcc libc6-dev docker.io mmdebstrap busybox-static make iptables git ca-certificates runc crun umoci skopeo dnsmasq-base chromium fonts-dejavu-core; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)

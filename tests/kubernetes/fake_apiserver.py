@@ -151,7 +151,7 @@ class FakeKubeAPIServer:
 
     async def __aenter__(self) -> FakeKubeAPIServer:
         self._changed = asyncio.Condition()
-        app = web.Application()
+        app = web.Application(client_max_size=3 << 20)  # the API server's own limit: 3 MiB
         app.router.add_route(
             "*", "/{prefix:apis?/[^/]+(?:/[^/]+)?}/namespaces/{ns}/{plural}", self._collection
         )

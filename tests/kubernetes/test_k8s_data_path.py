@@ -1,14 +1,17 @@
 """The kubernetes backend's data path, for real: the control plane is FakeKubeAPIServer (a
 fake), but each pod it is asked for is started on the Docker engine by DockerKubelet, from
-the pod spec the backend wrote -- the init container copies the agent with the real
-injector program out of a `FROM scratch` injector image into a shared folder (the
-emptyDir), then the main container runs the user's image with the pod's command, args,
-env, user and capabilities. The container's bridge IP is reported as the pod IP, so the
-service reaches the agent over TCP with the token, exactly as it reaches a pod IP."""
+the pod spec the backend wrote. The agent arrives either way the backend delivers it:
+from the namespace's ConfigMaps (projected read-only into the container, where the real
+loader joins the parts into a memfd and execs the agent), or by the init container, which
+copies it with the real injector program out of a `FROM scratch` injector image into a
+shared folder (the emptyDir). The main container runs the user's image with the pod's
+command, args, env, user and capabilities. The container's bridge IP is reported as the pod
+IP, so the service reaches the agent over TCP with the token, exactly as it reaches a pod IP."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import os
@@ -88,14 +91,25 @@ class DockerKubelet:
         empty_dir = self.root / name / spec["volumes"][0]["name"]
         empty_dir.mkdir(parents=True)
         empty_dir.chmod(0o777)  # as a kubelet makes an emptyDir
-        for c in [*spec["initContainers"], *spec["containers"]]:
+        for vol in spec["volumes"][1:]:  # projected ConfigMaps: the agent's parts
+            folder = self.root / name / vol["name"]
+            folder.mkdir()
+            maps = api.items("configmaps", NS)
+            for src in vol["projected"]["sources"]:
+                data = maps[src["configMap"]["name"]]["binaryData"]
+                for item in src["configMap"]["items"]:
+                    (folder / item["path"]).write_bytes(base64.b64decode(data[item["key"]]))
+                    (folder / item["path"]).chmod(item.get("mode", vol["projected"]["defaultMode"]))
+        inits = spec.get("initContainers", [])
+        for c in [*inits, *spec["containers"]]:
             args = ["--name", f"orchard-k8s-{name}-{c['name']}", *self._labels()]
             args += ["--user", str(c["securityContext"]["runAsUser"])]
             args += [f"--cap-drop={cap}" for cap in c["securityContext"]["capabilities"]["drop"]]
             if c["securityContext"].get("readOnlyRootFilesystem"):
                 args.append("--read-only")
             for m in c["volumeMounts"]:
-                args += ["-v", f"{self.root / name / m['name']}:{m['mountPath']}"]
+                ro = ":ro" if m.get("readOnly") else ""
+                args += ["-v", f"{self.root / name / m['name']}:{m['mountPath']}{ro}"]
             for e in c.get("env", []):
                 args += ["-e", f"{e['name']}={e['value']}"]
             limits = c["resources"]["limits"]
@@ -104,7 +118,7 @@ class DockerKubelet:
                 args += ["-w", c["workingDir"]]
             args += ["--entrypoint", c["command"][0], c["image"], *c["command"][1:]]
             args += c.get("args", [])
-            if c in spec["initContainers"]:
+            if c in inits:
                 await self._docker("run", "--rm", "--network", "none", *args)
                 continue
             cid = await self._docker("run", "-d", *args)
@@ -124,8 +138,9 @@ class DockerKubelet:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+@pytest.mark.parametrize("delivery", ["configmap", "init"])
 async def test_exec_and_files_reach_the_pod_ip_with_the_token(
-    tmp_path: Path, injector_image: str, busybox_image: str
+    tmp_path: Path, injector_image: str, busybox_image: str, delivery: str
 ) -> None:
     kubelet = DockerKubelet()
     try:
@@ -133,7 +148,9 @@ async def test_exec_and_files_reach_the_pod_ip_with_the_token(
             api,
             make,
         ):
-            backend = make(injector_image=injector_image, image_pull_policy="Never")
+            backend = make(
+                injector_image=injector_image, image_pull_policy="Never", agent_delivery=delivery
+            )
             config = ServiceConfig(state_dir=tmp_path / "svc", secret=b"s", backend="kubernetes")
             svc = SandboxService(config, backend)
             started = time.monotonic()
@@ -176,6 +193,16 @@ async def test_exec_and_files_reach_the_pod_ip_with_the_token(
                 ok = await raw.post("/exec", json={"cmd": ["true"]}, headers=mine)
                 assert ok.status_code == 200
 
+            # The agent runs from a sealed memfd (no path the sandbox can write), or from the
+            # emptyDir the init container filled; either way the folder is root's, 0755.
+            where = await agent.exec("readlink /proc/1/exe; stat -c %a:%u /.orchard")
+            exe, mode, *_ = [*where.stdout.splitlines(), "", ""]
+            if delivery == "configmap":
+                assert exe.startswith("/memfd:orchard-agent"), where.stdout
+                assert "initContainers" not in kubelet.started[0]["spec"]
+            else:
+                assert exe == "/.orchard/orchard-agent", where.stdout
+            assert mode == "755:0", where.stdout
             # The pod spec's agent port and the emptyDir path are what actually ran.
             assert kubelet.started[0]["spec"]["containers"][0]["args"][:2] == ["--listen", ":9090"]
             # Nothing went through the API server's exec/attach path.

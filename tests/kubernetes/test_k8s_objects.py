@@ -201,7 +201,9 @@ def test_role_is_least_privilege_and_namespaced() -> None:
     role = docs[("Role", "orchard-sandboxes")]
     assert role["metadata"]["namespace"] == "orchard-sandboxes"
     resources = {r for rule in role["rules"] for r in rule["resources"]}
-    assert resources == {"pods", "networkpolicies", "ciliumnetworkpolicies"}
+    assert resources == {"pods", "networkpolicies", "ciliumnetworkpolicies", "configmaps"}
+    cms = {v for rule in role["rules"] if "configmaps" in rule["resources"] for v in rule["verbs"]}
+    assert cms == {"create"}  # the agent's, never read back or changed
     assert not any(k == "ClusterRole" for k, _ in docs)  # the tenants' is in tenants.yaml
 
 

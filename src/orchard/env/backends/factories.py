@@ -12,25 +12,31 @@ if TYPE_CHECKING:
     from orchard.env.config import ServiceConfig
 
 
-def locate_agent_binary() -> Path:
-    """Find the orchard-agent binary: $ORCHARD_AGENT_BINARY, the package's copy, a source build."""
-    env = os.environ.get("ORCHARD_AGENT_BINARY")
+def locate_binary(name: str, env_var: str) -> Path:
+    """Find one of the binaries `make agent` builds: $ENV_VAR, the package's copy, a source
+    build."""
+    env = os.environ.get(env_var)
     if env:
         path = Path(env)
         if not path.is_file():
-            raise FileNotFoundError(f"ORCHARD_AGENT_BINARY={env} does not exist")
+            raise FileNotFoundError(f"{env_var}={env} does not exist")
         return path
-    packaged = resources.files("orchard").joinpath("bin", "orchard-agent")
+    packaged = resources.files("orchard").joinpath("bin", name)
     if packaged.is_file():
         return Path(str(packaged))
-    # src/orchard/env/backends/factories.py -> the repository root holds build/orchard-agent.
-    built = Path(__file__).resolve().parents[4] / "build" / "orchard-agent"
+    # src/orchard/env/backends/factories.py -> the repository root holds build/NAME.
+    built = Path(__file__).resolve().parents[4] / "build" / name
     if built.is_file():
         return built
     raise FileNotFoundError(
-        "orchard-agent binary not found: run `make agent` in the source checkout "
-        "(or set ORCHARD_AGENT_BINARY to its path)"
+        f"{name} binary not found: run `make agent` in the source checkout "
+        f"(or set {env_var} to its path)"
     )
+
+
+def locate_agent_binary() -> Path:
+    """The orchard-agent binary: $ORCHARD_AGENT_BINARY, the package's copy, a source build."""
+    return locate_binary("orchard-agent", "ORCHARD_AGENT_BINARY")
 
 
 def _agent_binary(config: ServiceConfig) -> Path:

@@ -34,6 +34,7 @@ from lightkube.resources.networking_v1 import NetworkPolicy as K8sNetworkPolicy
 from lightkube.types import PatchType
 
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
+from orchard.env.backends.kubernetes import agent_parts
 from orchard.env.backends.kubernetes import objects as objs
 from orchard.env.backends.kubernetes.nodes import NodesForbidden, NodeWatch
 from orchard.env.backends.kubernetes.objects import KubernetesOptions
@@ -105,12 +106,25 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         self._watch_task: asyncio.Task[None] | None = None
         self._cilium: bool | None = {"on": True, "off": False}.get(options.cilium)
         self._baseline_ready = False
+        self.agent = self._agent_parts(options)
+        self._agent_ready: set[str] = set()  # namespaces holding the agent's ConfigMaps
         # Several replicas (sharing.py): a namespace per tenant, a lease per replica.
         self._where: dict[str, str] = {}  # sandbox id -> namespace, once seen
         self.tenants = Tenants(self, limits) if options.tenant_namespaces else None
         self.replicas = Replicas(self) if options.replica_leases else None
         self.volumes = ClusterVolumes(self, self.tenants)  # PVCs (volume_store.py)
         self.nodes = NodeWatch(self._list_nodes, self._mark_lost)  # nodes.py
+
+    @staticmethod
+    def _agent_parts(options: KubernetesOptions) -> agent_parts.AgentParts | None:
+        if options.agent_delivery != "configmap":
+            return None
+        try:
+            return agent_parts.load()
+        except FileNotFoundError as e:
+            raise FileNotFoundError(
+                f"{e}; or deliver the agent by init container (ORCHARD_K8S_AGENT_DELIVERY=init)"
+            ) from None
 
     def default_size(self) -> tuple[float, int]:
         """What a sandbox that names no cpu/memory gets here (its requests): the service's
@@ -321,6 +335,23 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
             await self._call("create baseline network policy", lambda: self.client.create(body))
         self._baseline_ready = True
 
+    async def _ensure_agent(self, ns: str) -> None:
+        """The agent's ConfigMaps in the pod's namespace, once per replica (agent_parts.py);
+        one that exists already is the same (its name is its content's digest)."""
+        if self.agent is None or ns in self._agent_ready:
+            return
+        labels = {**self.opts.extra_labels, objs.L_INSTANCE: self.opts.instance}
+
+        async def make(body: dict[str, Any]) -> None:
+            obj = codecs.from_dict(body)
+            with contextlib.suppress(Conflict):
+                await self._call(
+                    f"create {body['metadata']['name']} in {ns}", lambda: self.client.create(obj)
+                )
+
+        await asyncio.gather(*(make(b) for b in self.agent.configmaps(ns, labels)))
+        self._agent_ready.add(ns)
+
     async def _resolved(self, policy: NetworkPolicy, cilium: bool) -> ResolvedAllow:
         if policy.egress != "allow" or cilium:
             return ResolvedAllow((), False)  # Cilium resolves names itself (toFQDNs)
@@ -377,7 +408,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         if spec.snapshot_id is None:  # a snapshot's image is the service's own
             await self.image_policy.check_pull(self.image_policy.check(spec.image))
         self._ensure_watch()
-        body = objs.build_pod(spec, self.opts, time.time())
+        body = objs.build_pod(spec, self.opts, time.time(), self.agent)
         add_mounts(body, self.opts, spec)
         if spec.snapshot_id is not None:
             await self._from_snapshot(spec, body)
@@ -414,6 +445,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                 ns = self.opts.namespace
             else:
                 ns = await self.tenants.ensure(spec.owner)
+            await self._ensure_agent(ns)
             body["metadata"]["namespace"] = ns
             self._where[spec.id] = ns
             try:
@@ -432,6 +464,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                 if self.tenants is None or attempt or not gone:
                     raise
                 self.tenants.forget(ns)
+                self._agent_ready.discard(ns)
         raise AssertionError("unreachable")
 
     async def _wait_started(self, sid: str, deadline: float) -> dict[str, Any]:

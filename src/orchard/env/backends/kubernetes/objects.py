@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.kubernetes.pool_objects import pool_pod_annotations, pool_pod_labels
@@ -24,6 +24,9 @@ from orchard.env.backends.network import ResolvedAllow
 from orchard.env.backends.volume_base import decode_mounts
 from orchard.env.errors import InvalidRequest
 from orchard.env.models import NetworkPolicy
+
+if TYPE_CHECKING:
+    from orchard.env.backends.kubernetes.agent_parts import AgentParts
 
 GROUP = "orchard.dev"
 L_MANAGED = f"{GROUP}/managed"
@@ -53,6 +56,7 @@ A_ACTIVE = f"{GROUP}/active-at"
 
 AGENT_DIR = "/.orchard"
 AGENT_PATH = f"{AGENT_DIR}/orchard-agent"
+AGENT_BIN_DIR = f"{AGENT_DIR}/bin"  # the agent's ConfigMaps, read-only (agent_parts.py)
 INJECTOR_BINARY = "/orchard-inject"
 INJECTOR_AGENT = "/orchard-agent"
 MAIN_CONTAINER = "sandbox"
@@ -90,6 +94,11 @@ class KubernetesOptions:
     """The kubernetes backend's settings; `from_env` reads ORCHARD_K8S_* (docs/kubernetes.md)."""
 
     namespace: str = "orchard-sandboxes"
+    # How the agent reaches a pod: `configmap`, ConfigMaps the service writes once per
+    # namespace from its own copy (agent_parts.py; the service must run on Linux with the
+    # nodes' architecture), or `init`, an init container of `injector_image` per pod
+    # (dearer: one more container per sandbox).
+    agent_delivery: Literal["configmap", "init"] = "configmap"
     injector_image: str = "orchard/agent-injector:latest"
     instance: str = "default"
     kubeconfig: str | None = None
@@ -150,6 +159,8 @@ class KubernetesOptions:
             raise ValueError("api concurrency, retries and pending timeout must be positive")
         if self.unschedulable_timeout_s < 0:
             raise ValueError("the unschedulable timeout must not be negative")
+        if self.agent_delivery not in ("configmap", "init"):
+            raise ValueError(f"agent delivery {self.agent_delivery!r} is not configmap or init")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> KubernetesOptions:
@@ -157,6 +168,7 @@ class KubernetesOptions:
         kw: dict[str, Any] = {}
         for var, name in (
             ("ORCHARD_K8S_NAMESPACE", "namespace"),
+            ("ORCHARD_K8S_AGENT_DELIVERY", "agent_delivery"),
             ("ORCHARD_K8S_INJECTOR_IMAGE", "injector_image"),
             ("ORCHARD_K8S_INSTANCE", "instance"),
             ("ORCHARD_K8S_KUBECONFIG", "kubeconfig"),
@@ -255,9 +267,39 @@ def _annotations(spec: SandboxSpec, created_at: float, memory: int, cpu: float) 
     }
 
 
-def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> dict[str, Any]:
-    """The sandbox's pod: an init container copies the agent in; the agent replaces the
-    image's command and starts `spec.cmd` as its child.
+def _injector(
+    opts: KubernetesOptions, cpu: float, cpu_limit: float, mount: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The init container that copies the agent in, for pods without the agent's ConfigMaps."""
+    return {
+        "name": INIT_CONTAINER,
+        "image": opts.injector_image,
+        "imagePullPolicy": opts.image_pull_policy,
+        "command": [INJECTOR_BINARY, INJECTOR_AGENT, AGENT_PATH],
+        # No more than the sandbox itself asks for: a pod's request is the larger of its
+        # init and main containers', and small sandboxes must stay small.
+        "resources": {
+            "requests": {"cpu": _cpu(min(cpu, 0.05)), "memory": "32Mi"},
+            "limits": {"cpu": _cpu(min(cpu_limit, 0.5)), "memory": "32Mi"},
+        },
+        "volumeMounts": mount,
+        # Root with no capabilities at all: enough to own the emptyDir the kubelet made
+        # (root, 0777) and close it to 0755, so no sandbox user can replace the agent.
+        "securityContext": {
+            "runAsUser": 0,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+
+
+def build_pod(
+    spec: SandboxSpec, opts: KubernetesOptions, created_at: float, agent: AgentParts | None = None
+) -> dict[str, Any]:
+    """The sandbox's pod. The agent replaces the image's command and starts `spec.cmd` as
+    its child; it comes from the namespace's ConfigMaps (`agent`, agent_parts.py) or, without
+    them, from an init container that copies it in (the injector image).
 
     The token travels in the pod spec as an env var: only the service's RBAC can read pod
     specs in the sandbox namespace, and the agent strips ORCHARD_AGENT_* from every process
@@ -288,7 +330,7 @@ def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> 
     limits["cpu"] = _cpu(cpu_limit)
     env = [{"name": k, "value": v} for k, v in spec.env.items()]
     env.append({"name": "ORCHARD_AGENT_TOKEN", "value": spec.agent_token})
-    mount = [{"name": "orchard-agent", "mountPath": AGENT_DIR}]
+    mount: list[dict[str, Any]] = [{"name": "orchard-agent", "mountPath": AGENT_DIR}]
     main: dict[str, Any] = {
         "name": MAIN_CONTAINER,
         "image": spec.image,
@@ -308,36 +350,21 @@ def build_pod(spec: SandboxSpec, opts: KubernetesOptions, created_at: float) -> 
     }
     if spec.workdir:
         main["workingDir"] = spec.workdir
-    init = {
-        "name": INIT_CONTAINER,
-        "image": opts.injector_image,
-        "imagePullPolicy": opts.image_pull_policy,
-        "command": [INJECTOR_BINARY, INJECTOR_AGENT, AGENT_PATH],
-        # No more than the sandbox itself asks for: a pod's request is the larger of its
-        # init and main containers', and small sandboxes must stay small.
-        "resources": {
-            "requests": {"cpu": _cpu(min(cpu, 0.05)), "memory": "32Mi"},
-            "limits": {"cpu": _cpu(min(cpu_limit, 0.5)), "memory": "32Mi"},
-        },
-        "volumeMounts": mount,
-        # Root with no capabilities at all: enough to own the emptyDir the kubelet made
-        # (root, 0777) and close it to 0755, so no sandbox user can replace the agent.
-        "securityContext": {
-            "runAsUser": 0,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 10,  # the agent gives its children 5 s
-        "initContainers": [init],
         "containers": [main],
         "volumes": [{"name": "orchard-agent", "emptyDir": {"sizeLimit": "64Mi"}}],
     }
+    if agent is not None:  # the loader closes the emptyDir to 0755 and execs the agent
+        main["command"] = agent.command(AGENT_BIN_DIR, AGENT_DIR)
+        vol = agent.volume()
+        mount.append({"name": vol["name"], "mountPath": AGENT_BIN_DIR, "readOnly": True})
+        pod_spec["volumes"].append(vol)
+    else:
+        pod_spec["initContainers"] = [_injector(opts, cpu, cpu_limit, mount)]
     if opts.runtime_class:
         pod_spec["runtimeClassName"] = opts.runtime_class
     if opts.node_selector:

@@ -1,0 +1,107 @@
+"""The agent delivered to pods in ConfigMaps, so a sandbox pod needs no init container.
+
+An init container (the injector image) used to copy the agent into each pod: one more
+container to create, start, wait out and delete per sandbox, which on the trial node cost
+as much as the sandbox's own container (docs/kubernetes.md, "Against the kubelet"). Now
+the service stores the agent once per namespace, in ConfigMaps of at most `PART_BYTES`
+each (the API server refuses one over 1 MiB), beside one more holding the loader
+(agent/boot/boot.c: static C, small enough for one ConfigMap). The pod projects them all
+read-only into `/.orchard/bin` and runs the loader, which joins the parts into a sealed
+memfd and execs the agent: the agent is never on a path the sandbox can write.
+
+The names carry a digest of both binaries, so a rollout's pods keep the agent they started
+with, and two replicas of one version write the same objects (an existing one is taken as
+it is: its content is fixed by its name).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchard.env.backends.factories import locate_agent_binary, locate_binary
+
+PART_BYTES = 1_000_000
+BOOT_NAME = "orchard-boot"
+VOLUME = "orchard-agent-bin"
+L_AGENT = "orchard.dev/agent"  # the digest, on each ConfigMap
+
+
+@dataclass(frozen=True)
+class AgentParts:
+    """The agent cut into ConfigMap-sized parts, and the loader that joins them."""
+
+    digest: str
+    size: int
+    parts: tuple[bytes, ...]
+    boot: bytes
+
+    @classmethod
+    def from_bytes(cls, agent: bytes, boot: bytes) -> AgentParts:
+        if not agent or not boot:
+            raise ValueError("the agent and its loader must not be empty")
+        if len(boot) > PART_BYTES:
+            raise ValueError(f"the agent's loader is {len(boot)} bytes, over {PART_BYTES}")
+        h = hashlib.sha256(agent)
+        h.update(boot)
+        parts = tuple(agent[i : i + PART_BYTES] for i in range(0, len(agent), PART_BYTES))
+        return cls(h.hexdigest()[:12], len(agent), parts, boot)
+
+    def name(self, part: int | None) -> str:
+        """ConfigMap names: `orchard-agent-<digest>-<i>`, and `-boot` for the loader."""
+        return f"orchard-agent-{self.digest}-{'boot' if part is None else part}"
+
+    def configmaps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """One ConfigMap per part and one for the loader, each under the key `part`; immutable,
+        so the kubelet reads each once instead of watching it."""
+        blobs: list[tuple[int | None, bytes]] = [(None, self.boot), *enumerate(self.parts)]
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": self.name(i),
+                    "namespace": namespace,
+                    "labels": {**labels, L_AGENT: self.digest},
+                },
+                "immutable": True,
+                "binaryData": {"part": base64.b64encode(blob).decode()},
+            }
+            for i, blob in blobs
+        ]
+
+    def volume(self) -> dict[str, Any]:
+        """The pod's volume: every part and the loader, in one read-only folder."""
+        sources: list[dict[str, Any]] = [
+            {
+                "configMap": {
+                    "name": self.name(None),
+                    "items": [{"key": "part", "path": BOOT_NAME, "mode": 0o555}],
+                }
+            }
+        ]
+        sources += [
+            {"configMap": {"name": self.name(i), "items": [{"key": "part", "path": f"agent.{i}"}]}}
+            for i in range(len(self.parts))
+        ]
+        return {"name": VOLUME, "projected": {"defaultMode": 0o444, "sources": sources}}
+
+    def command(self, bin_dir: str, own_dir: str) -> list[str]:
+        """The main container's command: the loader, ending in the agent's argv[0] (the
+        container's args are the agent's)."""
+        return [f"{bin_dir}/{BOOT_NAME}", str(self.size), f"{bin_dir}/agent.", own_dir, "--",
+                "orchard-agent"]  # fmt: skip
+
+
+@functools.cache
+def _load(agent: Path, boot: Path) -> AgentParts:
+    return AgentParts.from_bytes(agent.read_bytes(), boot.read_bytes())
+
+
+def load() -> AgentParts:
+    """The agent and loader this service would run (`make agent` builds both), read once."""
+    return _load(locate_agent_binary(), locate_binary(BOOT_NAME, "ORCHARD_BOOT_BINARY"))
