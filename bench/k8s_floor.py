@@ -238,6 +238,10 @@ def measure(
     print(f"pod: {n} in {pod['wall_s']:.1f} s, p50 {pod['p50_ms']:.0f} ms", file=sys.stderr)
     orc = orchard_cold(kube, url, key, owner, image, n, concurrency)
     print(f"orchard: {n} in {orc['wall_s']:.1f} s, p50 {orc['p50_ms']:.0f} ms", file=sys.stderr)
+    if orc["success"] < 1:  # a ratio of failed creates would read as a fast Orchard
+        raise RuntimeError(
+            f"{round((1 - orc['success']) * n)} of {n} creates failed: {orc['failures'][:1]}"
+        )
     ratio = {
         "wall": orc["wall_s"] / fl["wall_s"],
         "p50": orc["p50_ms"] / fl["p50_ms"],

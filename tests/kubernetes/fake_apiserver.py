@@ -2,8 +2,8 @@
 cluster can run on the test machines).
 
 It speaks the real wire format for what the kubernetes backend uses -- pods, ConfigMaps,
-NetworkPolicies and CiliumNetworkPolicies in namespaces: create (POST), get, list with
-label selectors and a resourceVersion, watch (`?watch=true`: chunked JSON lines of
+NetworkPolicies and CiliumNetworkPolicies in namespaces: create (POST, `dryRun=All` too),
+get, list with label selectors and a resourceVersion, watch (`?watch=true`: chunked JSON lines of
 ADDED/MODIFIED/DELETED, resumable from a version, 410 Gone for a compacted one), JSON
 merge patch, delete, `metav1.Status` errors, bearer-token auth, and the garbage
 collector's cascade through ownerReferences. It does not schedule or run anything: the
@@ -409,6 +409,8 @@ class FakeKubeAPIServer:
         key = (plural, ns, name)
         if key in self.objects:
             return self._error(409, f'{plural} "{name}" already exists', "AlreadyExists")
+        if request.query.get("dryRun") == "All":  # checked as a create, then not kept
+            return reply(obj, 201)
         meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
         if plural == "pods":
             obj["status"] = {"phase": "Pending", "qosClass": "Guaranteed"}

@@ -6,6 +6,7 @@ from that folder where the kernel refuses exec from a memfd."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import shutil
 import subprocess
@@ -14,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from orchard.env.backends.base import SandboxSpec
 from orchard.env.backends.kubernetes import agent_parts
 from orchard.env.backends.kubernetes import objects as objs
 from orchard.env.backends.kubernetes.agent_parts import PART_BYTES, AgentParts
 from orchard.env.backends.kubernetes.objects import KubernetesOptions
+from tests.kubernetes.kube_helpers import NS, fake_cluster, instant_kubelet
 from tests.kubernetes.test_k8s_objects import spec, validate
 
 LOADER = Path(__file__).resolve().parents[2] / "build" / "orchard-boot"
@@ -25,7 +28,7 @@ LOADER = Path(__file__).resolve().parents[2] / "build" / "orchard-boot"
 
 def test_the_real_agent_fits_configmaps_the_api_server_takes() -> None:
     parts = agent_parts.load()
-    maps = parts.configmaps("orchard-sandboxes-x", {"orchard.dev/instance": "i"})
+    *maps, marker = parts.configmaps("orchard-sandboxes-x", {"orchard.dev/instance": "i"})
     assert len(maps) == len(parts.parts) + 1 >= 2
     joined = b"".join(base64.b64decode(m["binaryData"]["part"]) for m in maps[1:])
     assert len(joined) == parts.size and another_loader_is_another_digest(parts)
@@ -34,6 +37,9 @@ def test_the_real_agent_fits_configmaps_the_api_server_takes() -> None:
         assert len(base64.b64decode(m["binaryData"]["part"])) <= PART_BYTES < 1 << 20
         assert m["immutable"] is True and m["metadata"]["labels"]["orchard.dev/agent"]
         assert m["metadata"]["name"].startswith(f"orchard-agent-{parts.digest}-")
+    validate(marker)
+    assert marker["metadata"]["name"] == f"orchard-agent-{parts.digest}"
+    assert "binaryData" not in marker and marker["immutable"] is True
 
 
 def another_loader_is_another_digest(parts: AgentParts) -> bool:
@@ -133,3 +139,44 @@ def test_where_a_memfd_may_not_run_the_loader_runs_the_agent_from_its_folder(
     agent = own / "orchard-agent"
     assert agent.read_bytes() == echo and agent.stat().st_mode & 0o777 == 0o555
     assert [p.name for p in own.iterdir()] == ["orchard-agent"]
+
+
+@pytest.mark.anyio
+async def test_the_configmaps_are_sent_once_per_namespace_whatever_the_burst(
+    tmp_path: Path,
+) -> None:
+    """20 creates at once on one replica send the parts once; a second replica finds them
+    with one dry-run create of the marker; a replica killed half-way leaves parts that the
+    next one completes."""
+    parts = agent_parts.load()
+    async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
+        first = make()
+        await asyncio.gather(*(first.create(spec_of(f"sb-a{i}")) for i in range(20)))
+        posts = [(p, q) for m, p, q in api.requests if m == "POST" and "/configmaps" in p]
+        assert len(posts) == len(parts.parts) + 3  # the dry run, the parts, boot, the marker
+        assert sum("dryRun=All" in q for _, q in posts) == 1
+        assert set(api.items("configmaps", NS)) == {
+            parts.name(None), f"orchard-agent-{parts.digest}",
+            *(parts.name(i) for i in range(len(parts.parts))),
+        }  # fmt: skip
+        api.requests.clear()
+        await make().create(spec_of("sb-b"))
+        posts = [q for m, p, q in api.requests if m == "POST" and "/configmaps" in p]
+        assert len(posts) == 1 and "dryRun=All" in posts[0]
+        # Half-way: the marker and one part gone, as if their replica died before them.
+        for name in (f"orchard-agent-{parts.digest}", parts.name(1)):
+            del api.objects[("configmaps", NS, name)]
+        api.requests.clear()
+        await make().create(spec_of("sb-c"))
+        made = [
+            p for m, p, q in api.requests if m == "POST" and "/configmaps" in p and "dry" not in q
+        ]
+        assert len(made) == len(parts.parts) + 2  # every part tried: the missing one made
+        assert ("configmaps", NS, parts.name(1)) in api.objects
+        assert ("configmaps", NS, f"orchard-agent-{parts.digest}") in api.objects
+
+
+def spec_of(sid: str) -> SandboxSpec:
+    return SandboxSpec(
+        id=sid, owner="alice", image="busybox", agent_token="t", expires_at=time.time() + 60
+    )

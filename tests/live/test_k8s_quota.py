@@ -11,6 +11,7 @@ behind, and a sandbox kept busy through one replica is not reaped as idle by ano
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -254,6 +255,22 @@ def test_tenant_namespace_quota_policies_and_guard(
     plain = '{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"orchard-probe"}}'
     denied = kubectl(*sa, "create", "--dry-run=server", "-f", "-", input_text=plain, check=False)
     assert denied.returncode != 0 and "Pod Security" in denied.stderr
+    # The agent came in the namespace's own immutable ConfigMaps, and the service's pods
+    # may project those and no other ConfigMap.
+    agent = kget("configmaps", "-n", capped, "-l", "orchard.dev/agent")["items"]
+    assert len(agent) >= 2 and all(c["immutable"] for c in agent)
+    assert {c["metadata"]["name"].rsplit("-", 1)[-1] for c in agent} >= {"boot", "0"}
+    small = {"cpu": "10m", "memory": "16Mi"}  # the quota wants both named
+    box = {"name": "c", "image": sandbox_image, "resources": {"requests": small, "limits": small}}
+    for source, ok in (("orchard-agent-x-0", True), ("other", False)):
+        probe = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+                            "spec": {"containers": [box],
+                                     "volumes": [{"name": "v", "projected": {"sources": [
+                                         {"configMap": {"name": source}}]}}]}})  # fmt: skip
+        out = kubectl(*sa, "-n", capped, "create", "--dry-run=server", "-f", "-",
+                      input_text=probe, check=False)  # fmt: skip
+        assert (out.returncode == 0) == ok, out.stderr
+        assert ok or "orchard-sandbox-storage" in out.stderr
 
 
 def test_a_replica_killed_mid_burst_leaks_nothing(

@@ -56,22 +56,25 @@ class AgentParts:
         return f"orchard-agent-{self.digest}-{'boot' if part is None else part}"
 
     def configmaps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
-        """One ConfigMap per part and one for the loader, each under the key `part`; immutable,
-        so the kubelet reads each once instead of watching it."""
+        """One ConfigMap per part and one for the loader, each under the key `part`, then the
+        marker (`orchard-agent-<digest>`, no data), made last: it exists once all the rest
+        do. All immutable, so the kubelet reads each once instead of watching it."""
         blobs: list[tuple[int | None, bytes]] = [(None, self.boot), *enumerate(self.parts)]
-        return [
+        meta = {"namespace": namespace, "labels": {**labels, L_AGENT: self.digest}}
+        maps: list[dict[str, Any]] = [
             {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
-                "metadata": {
-                    "name": self.name(i),
-                    "namespace": namespace,
-                    "labels": {**labels, L_AGENT: self.digest},
-                },
+                "metadata": {"name": self.name(i), **meta},
                 "immutable": True,
                 "binaryData": {"part": base64.b64encode(blob).decode()},
             }
             for i, blob in blobs
+        ]
+        marker = {"name": f"orchard-agent-{self.digest}", **meta}
+        return [
+            *maps,
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": marker, "immutable": True},
         ]
 
     def volume(self) -> dict[str, Any]:

@@ -108,6 +108,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         self._baseline_ready = False
         self.agent = self._agent_parts(options)
         self._agent_ready: set[str] = set()  # namespaces holding the agent's ConfigMaps
+        self._agent_locks: dict[str, asyncio.Lock] = {}
         # Several replicas (sharing.py): a namespace per tenant, a lease per replica.
         self._where: dict[str, str] = {}  # sandbox id -> namespace, once seen
         self.tenants = Tenants(self, limits) if options.tenant_namespaces else None
@@ -336,21 +337,33 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         self._baseline_ready = True
 
     async def _ensure_agent(self, ns: str) -> None:
-        """The agent's ConfigMaps in the pod's namespace, once per replica (agent_parts.py);
-        one that exists already is the same (its name is its content's digest)."""
+        """The agent's ConfigMaps in the pod's namespace (agent_parts.py), once per replica
+        and namespace. A dry-run create of the marker, which is made last, tells whether they
+        are all there (1 small request, not 8 MB of parts sent to be refused); one that
+        exists already is the same (its name is its content's digest)."""
         if self.agent is None or ns in self._agent_ready:
             return
-        labels = {**self.opts.extra_labels, objs.L_INSTANCE: self.opts.instance}
+        async with self._agent_locks.setdefault(ns, asyncio.Lock()):
+            if ns in self._agent_ready:
+                return
+            labels = {**self.opts.extra_labels, objs.L_INSTANCE: self.opts.instance}
+            *parts, marker = self.agent.configmaps(ns, labels)
+            if await self._create_absent(marker, dry_run=True):
+                await asyncio.gather(*(self._create_absent(b) for b in parts))
+                await self._create_absent(marker)
+            self._agent_ready.add(ns)
 
-        async def make(body: dict[str, Any]) -> None:
-            obj = codecs.from_dict(body)
-            with contextlib.suppress(Conflict):
-                await self._call(
-                    f"create {body['metadata']['name']} in {ns}", lambda: self.client.create(obj)
-                )
-
-        await asyncio.gather(*(make(b) for b in self.agent.configmaps(ns, labels)))
-        self._agent_ready.add(ns)
+    async def _create_absent(self, body: dict[str, Any], dry_run: bool = False) -> bool:
+        """Create `body`; False if it exists already."""
+        obj, name = codecs.from_dict(body), body["metadata"]["name"]
+        ns = body["metadata"]["namespace"]
+        try:
+            await self._call(
+                f"create {name} in {ns}", lambda: self.client.create(obj, dry_run=dry_run)
+            )
+        except Conflict:
+            return False
+        return True
 
     async def _resolved(self, policy: NetworkPolicy, cilium: bool) -> ResolvedAllow:
         if policy.egress != "allow" or cilium:
