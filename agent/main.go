@@ -47,6 +47,8 @@ type config struct {
 	logFile   string
 	maxProcs  int // threads running Go code at once (GOMAXPROCS); 0: the runtime's default
 	entry     []string
+	// An address the sandbox's network policy denies: nothing starts while it answers.
+	waitClosed string
 }
 
 // loadConfig reads flags, falling back to ORCHARD_AGENT_* variables.
@@ -256,6 +258,13 @@ func run(args []string) int {
 	// Made now, before any command runs, so no sandbox user can prepare the path first.
 	if err := a.spill.Prepare(); err != nil {
 		log.Printf("spill folder: %v (truncated outputs will not be saved)", err)
+	}
+
+	if cfg.waitClosed != "" {
+		if err := waitClosed(cfg.waitClosed, egressWait, 300*time.Millisecond); err != nil {
+			log.Print(err)
+			return 1
+		}
 	}
 
 	var listeners []net.Listener

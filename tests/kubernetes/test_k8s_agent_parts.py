@@ -161,8 +161,8 @@ async def test_the_configmaps_are_sent_once_per_namespace_whatever_the_burst(
         }  # fmt: skip
         api.requests.clear()
         await make().create(spec_of("sb-b"))
-        posts = [q for m, p, q in api.requests if m == "POST" and "/configmaps" in p]
-        assert len(posts) == 1 and "dryRun=All" in posts[0]
+        queries = [q for m, p, q in api.requests if m == "POST" and "/configmaps" in p]
+        assert len(queries) == 1 and "dryRun=All" in queries[0]
         # Half-way: the marker and one part gone, as if their replica died before them.
         for name in (f"orchard-agent-{parts.digest}", parts.name(1)):
             del api.objects[("configmaps", NS, name)]

@@ -260,3 +260,21 @@ def test_disk_is_the_ephemeral_storage_limit() -> None:
         res["limits"]["ephemeral-storage"] == str(3 << 30) == res["requests"]["ephemeral-storage"]
     )
     validate(pod)
+
+
+def test_the_agent_waits_on_an_api_server_no_sandbox_may_reach() -> None:
+    """`auto`: the API server, only where every policy denies it (else a create would wait
+    on an address some sandboxes may reach); the agent then starts nothing while it answers."""
+    opts = KubernetesOptions()
+    assert objs.egress_canary(opts, "https://10.96.0.1:443") == "10.96.0.1:443"
+    assert objs.egress_canary(opts, "https://172.20.0.1") == "172.20.0.1:443"
+    assert objs.egress_canary(opts, "https://35.1.2.3:443") == "off"  # a public endpoint
+    assert objs.egress_canary(opts, "https://api.example.com:6443") == "off"  # a name
+    assert objs.egress_canary(opts, None) == "off"
+    mine = KubernetesOptions(egress_canary="192.0.2.9:10250")
+    assert objs.egress_canary(mine, "https://10.96.0.1") == "192.0.2.9:10250"
+    args = objs.build_pod(spec(cmd=["sleep", "1"]), mine, 1.0)["spec"]["containers"][0]["args"]
+    at = args.index("--wait-closed")
+    assert args[at + 1] == "192.0.2.9:10250" and at < args.index("--")
+    plain = objs.build_pod(spec(), KubernetesOptions(egress_canary="off"), 1.0)
+    assert "--wait-closed" not in plain["spec"]["containers"][0]["args"]

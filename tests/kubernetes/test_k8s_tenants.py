@@ -23,6 +23,7 @@ from orchard.env.backends.kubernetes import tenants as ten
 from orchard.env.backends.kubernetes.objects import KubernetesOptions
 from orchard.env.backends.replicated import ClusterQuota, ReplicaShared, TenantHeld
 from orchard.env.config import ServiceConfig
+from orchard.env.errors import QuotaExceeded
 from orchard.env.limits import Limits, OwnerLimits
 from orchard.env.models import NetworkPolicy
 from orchard.env.server.admission import Admission
@@ -289,3 +290,35 @@ async def test_a_long_pending_pod_is_left_to_the_backend(tmp_path: Path) -> None
     shared.records[rec.id] = rec
     assert (await b.reconcile())["orphan"] == []
     assert rec.id in shared.records
+
+
+class CountingBackend(ReplicaBackend):
+    """ReplicaBackend that also counts each owner's sandboxes fresh (ClusterQuota, as
+    KubernetesBackend with tenant namespaces does)."""
+
+    async def tenant_usage(self, owner: str) -> TenantHeld | None:
+        mine = [r for r in self.s.records.values() if r.owner == owner]
+        return TenantHeld(len(mine), 0, 0.5 * len(mine), len(mine) << 28)
+
+
+@pytest.mark.anyio
+async def test_a_stale_view_refuses_nothing_the_clusters_count_allows(tmp_path: Path) -> None:
+    """A replica still holding a sandbox another replica deleted a moment ago (its watch
+    lags) asks the backend's count before it refuses: the same answer /v1/usage gives."""
+    shared = Shared()
+    backend = CountingBackend(shared)
+    cfg = ServiceConfig(
+        state_dir=tmp_path / "a", secret=b"s", reconcile_interval_s=60,
+        limits=Limits.from_mapping({"alice": {"max_sandboxes": 1}}),
+    )  # fmt: skip
+    svc = SandboxService(cfg, backend)
+    assert isinstance(backend, ClusterQuota)
+    made = await svc.create_spec(_spec(svc), wait=False)
+    with pytest.raises(QuotaExceeded, match="max_sandboxes=1"):  # really held: refused
+        await svc.create_spec(_spec(svc), wait=False)
+    del shared.records[made.id]  # deleted through another replica; this one's view is stale
+    assert [r.id for r in svc.records()] == [made.id]
+    again = await svc.create_spec(_spec(svc), wait=False)
+    assert again.id in shared.records
+    with pytest.raises(QuotaExceeded, match="holds 1"):  # and the count still holds the cap
+        await svc.create_spec(_spec(svc), wait=False)

@@ -262,15 +262,16 @@ def test_tenant_namespace_quota_policies_and_guard(
     assert {c["metadata"]["name"].rsplit("-", 1)[-1] for c in agent} >= {"boot", "0"}
     small = {"cpu": "10m", "memory": "16Mi"}  # the quota wants both named
     box = {"name": "c", "image": sandbox_image, "resources": {"requests": small, "limits": small}}
-    for source, ok in (("orchard-agent-x-0", True), ("other", False)):
+    for source, allowed in (("orchard-agent-x-0", True), ("other", False)):
         probe = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
-                            "spec": {"containers": [box],
+                            "spec": {"containers": [box],  # no token volume either
+                                     "automountServiceAccountToken": False,
                                      "volumes": [{"name": "v", "projected": {"sources": [
                                          {"configMap": {"name": source}}]}}]}})  # fmt: skip
         out = kubectl(*sa, "-n", capped, "create", "--dry-run=server", "-f", "-",
                       input_text=probe, check=False)  # fmt: skip
-        assert (out.returncode == 0) == ok, out.stderr
-        assert ok or "orchard-sandbox-storage" in out.stderr
+        assert (out.returncode == 0) == allowed, out.stderr
+        assert allowed or "orchard-sandbox-storage" in out.stderr
 
 
 def test_a_replica_killed_mid_burst_leaks_nothing(

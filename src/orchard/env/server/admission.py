@@ -174,17 +174,30 @@ class Admission:
                 self._refuse(owner, err, name)
 
     def admit(
-        self, specs: list[SandboxSpec], records: Iterable[SandboxRecord], *, reserve: bool = True
+        self,
+        specs: list[SandboxSpec],
+        records: Iterable[SandboxRecord],
+        *,
+        reserve: bool = True,
+        counted: TenantHeld | None = None,
     ) -> None:
         """Reserve room for `specs` (one owner's, one create or one batch) or raise 429/503.
 
         `reserve=False` only asks whether they would be admitted now (a fork, before it takes
-        its snapshot): no room is reserved and no create token taken."""
+        its snapshot): no room is reserved and no create token taken. `counted`: what the
+        backend counted (`ClusterQuota`), used instead of `records`, with this replica's
+        creates under way added."""
         if not specs:
             return
         owner = holder(specs[0].owner)
         lim = self.config.limits.of(owner)
-        self._check_quota(owner, lim, specs, self.held(owner, records))
+        held = self.held(owner, records)
+        if counted is not None:
+            held = self.held(owner, ())
+            held.sandboxes += counted.sandboxes
+            held.cpu += counted.cpu
+            held.memory += counted.memory
+        self._check_quota(owner, lim, specs, held)
         if self.host_checks:
             self._check_host(owner, specs[0])
         if lim.creates_per_second is not None:

@@ -20,9 +20,11 @@ import asyncio
 import builtins
 import contextlib
 import logging
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import httpx2
@@ -94,7 +96,14 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         image_policy: ImagePolicy | None = None,
         limits: Limits | None = None,
     ) -> None:
-        self.opts = options
+        self.opts = options = replace(
+            options, egress_canary=objs.egress_canary(options, self._api_server(options))
+        )
+        if options.egress_canary == "off":
+            log.warning(
+                "sandboxes start before their network policy is in force: no address to wait "
+                "on (ORCHARD_K8S_EGRESS_CANARY)"
+            )
         # The kubelet pulls from the node: the same registry policy as the other backends
         # keeps image names from reaching the node's own ports or private addresses.
         self.image_policy = image_policy or ImagePolicy()
@@ -115,6 +124,25 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         self.replicas = Replicas(self) if options.replica_leases else None
         self.volumes = ClusterVolumes(self, self.tenants)  # PVCs (volume_store.py)
         self.nodes = NodeWatch(self._list_nodes, self._mark_lost)  # nodes.py
+
+    @staticmethod
+    def _api_server(options: KubernetesOptions) -> str | None:
+        """The API server's URL as this service reaches it (in-cluster or a kubeconfig)."""
+        if options.egress_canary != "auto":
+            return None
+        host, port = (
+            os.environ.get("KUBERNETES_SERVICE_HOST"),
+            os.environ.get("KUBERNETES_SERVICE_PORT", "443"),
+        )
+        if host and not options.kubeconfig:
+            return f"https://{'[' + host + ']' if ':' in host else host}:{port}"
+        try:
+            path = options.kubeconfig
+            config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
+            single = config.get()
+            return str(single.cluster.server) if single is not None else None
+        except Exception:  # no config here: the client says so on its first call
+            return None
 
     @staticmethod
     def _agent_parts(options: KubernetesOptions) -> agent_parts.AgentParts | None:

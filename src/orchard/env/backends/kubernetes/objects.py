@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.kubernetes.pool_objects import pool_pod_annotations, pool_pod_labels
@@ -110,6 +111,10 @@ class KubernetesOptions:
     )
     # Extra peers allowed to reach the agents, for a service running outside the cluster.
     agent_ingress_cidrs: list[str] = field(default_factory=list)
+    # An address every sandbox's policy denies: the agent starts nothing while it answers
+    # (the network plugin programs a pod's policy only after the pod starts). `auto`: the
+    # API server, where it is inside the never-reached ranges (backend.py); `off`: no wait.
+    egress_canary: str = "auto"
     # Never reachable by a sandbox's egress (with the metadata addresses), whatever it allows.
     blocked_cidrs: list[str] = field(default_factory=lambda: list(DEFAULT_BLOCKED_CIDRS))
     runtime_class: str | None = None
@@ -169,6 +174,7 @@ class KubernetesOptions:
         for var, name in (
             ("ORCHARD_K8S_NAMESPACE", "namespace"),
             ("ORCHARD_K8S_AGENT_DELIVERY", "agent_delivery"),
+            ("ORCHARD_K8S_EGRESS_CANARY", "egress_canary"),
             ("ORCHARD_K8S_INJECTOR_IMAGE", "injector_image"),
             ("ORCHARD_K8S_INSTANCE", "instance"),
             ("ORCHARD_K8S_KUBECONFIG", "kubeconfig"),
@@ -319,6 +325,8 @@ def build_pod(
     args = ["--listen", f":{opts.agent_port}", "--spill-dir", f"{AGENT_DIR}/spill"]
     if spec.user:  # the default user of execs and of `cmd`, as the other backends have
         args += ["--user", spec.user]
+    if opts.egress_canary not in ("auto", "off"):  # nothing runs before the policy holds
+        args += ["--wait-closed", opts.egress_canary]
     if spec.cmd:
         args += ["--", *spec.cmd]
     cpu_limit = spec.cpu or max(cpu, opts.default_cpu_limit or cpu)
@@ -489,6 +497,22 @@ def build_network_policy(
             "egress": egress,
         },
     }
+
+
+def egress_canary(opts: KubernetesOptions, api_server: str | None) -> str:
+    """`auto` resolved: the API server's `host:port` (from `https://host:port`), if its
+    address is one no sandbox may reach; else `off`."""
+    if opts.egress_canary != "auto":
+        return opts.egress_canary
+    url = urlsplit(api_server or "")
+    try:
+        ip = ipaddress.ip_address(url.hostname or "")
+    except ValueError:
+        return "off"  # a name: what it resolves to is not known here
+    if not any(ip in net for net in never_reached(opts)):
+        return "off"
+    host = f"[{ip}]" if ip.version == 6 else str(ip)
+    return f"{host}:{url.port or 443}"
 
 
 def never_reached(opts: KubernetesOptions) -> list[IPv4Network]:
