@@ -18,6 +18,9 @@ const egressWait = 60 * time.Second
 // serves nothing and starts no entrypoint while that address answers.
 func waitClosed(addr string, limit, dialTimeout time.Duration) error {
 	deadline := time.Now().Add(limit)
+	// 20 ms, doubling to 250 ms: a burst of pods must not flood the address while the
+	// network plugin works through them (a policy often lands within the first tries).
+	pause := 20 * time.Millisecond
 	for {
 		c, err := net.DialTimeout("tcp", addr, dialTimeout)
 		if err != nil {
@@ -27,6 +30,9 @@ func waitClosed(addr string, limit, dialTimeout time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the sandbox's network policy is not in force: %s still answers after %s (does the cluster enforce NetworkPolicy?)", addr, limit)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(pause)
+		if pause *= 2; pause > 250*time.Millisecond {
+			pause = 250 * time.Millisecond
+		}
 	}
 }
