@@ -37,10 +37,10 @@ from orchard.env.backends.kubernetes import agent_parts
 from orchard.env.backends.kubernetes.agent_parts import AgentParts
 from orchard.env.backends.kubernetes.objects import (
     KubernetesOptions,
-    build_baseline_policy,
     build_pod,
     selector,
 )
+from orchard.env.backends.kubernetes.policies import build_baseline_policy
 from orchard.env.backends.kubernetes.tenants import tenant_namespace
 
 # What an Orchard sandbox's main container asks for on the `local` overlay (config.yaml).

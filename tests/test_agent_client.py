@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from orchard.env.backends.base import AgentEndpoint
-from orchard.env.backends.factories import locate_agent_binary
+from orchard.env.backends.binaries import locate_agent_binary
 from orchard.env.errors import (
     AgentUnavailable,
     BadRequest,

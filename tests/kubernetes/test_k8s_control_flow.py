@@ -13,6 +13,7 @@ from lightkube import codecs
 
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.backends.kubernetes import objects as objs
+from orchard.env.backends.kubernetes.policies import never_reached
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
     Conflict,
@@ -96,7 +97,7 @@ async def test_expiry_and_network_change_at_run_time(tmp_path: Path) -> None:
         rec = await backend.set_network("sb-net", NetworkPolicy(egress="all"))
         assert rec.network.egress == "all"
         npol = api.items("networkpolicies", NS)["orchard-sb-net"]
-        never = [str(n) for n in objs.never_reached(backend.opts)]
+        never = [str(n) for n in never_reached(backend.opts)]
         assert npol["spec"]["egress"] == [
             {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": never}}]}
         ]

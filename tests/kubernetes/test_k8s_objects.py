@@ -19,6 +19,8 @@ import yaml
 
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.backends.kubernetes import objects as objs
+from orchard.env.backends.kubernetes import policies as pols
+from orchard.env.backends.kubernetes.agent_parts import egress_canary
 from orchard.env.backends.kubernetes.objects import KubernetesOptions
 from orchard.env.backends.network import ResolvedAllow
 from orchard.env.errors import InvalidRequest
@@ -131,8 +133,8 @@ def test_pods_are_valid_for_every_option(opts: KubernetesOptions, kw: dict[str, 
 def test_network_policies_are_valid(
     opts: KubernetesOptions, policy: NetworkPolicy, allow: ResolvedAllow
 ) -> None:
-    validate(objs.build_baseline_policy(opts))
-    body = objs.build_network_policy("sb-1", policy, allow, opts, pod_uid="1234-5678")
+    validate(pols.build_baseline_policy(opts))
+    body = pols.build_network_policy("sb-1", policy, allow, opts, pod_uid="1234-5678")
     if policy.egress == "none":
         assert body is None
         return
@@ -142,7 +144,7 @@ def test_network_policies_are_valid(
     text = json.dumps(rules)
     assert ("169.254.0.0/16" in text) == (policy.egress == "all")  # metadata always excluded
     assert ('"port": 53' in text) == allow.names  # DNS only when names must resolve
-    cnp = objs.build_cilium_policy("sb-1", policy, opts, pod_uid="1234-5678")
+    cnp = pols.build_cilium_policy("sb-1", policy, opts, pod_uid="1234-5678")
     assert cnp is not None and cnp["kind"] == "CiliumNetworkPolicy"
     # The CRD is not in the official schemas: check it is shaped the way Cilium's is.
     assert set(cnp["spec"]) == {"endpointSelector", "egress"}
@@ -266,13 +268,13 @@ def test_the_agent_waits_on_an_api_server_no_sandbox_may_reach() -> None:
     """`auto`: the API server, only where every policy denies it (else a create would wait
     on an address some sandboxes may reach); the agent then starts nothing while it answers."""
     opts = KubernetesOptions()
-    assert objs.egress_canary(opts, "https://10.96.0.1:443") == "10.96.0.1:443"
-    assert objs.egress_canary(opts, "https://172.20.0.1") == "172.20.0.1:443"
-    assert objs.egress_canary(opts, "https://35.1.2.3:443") == "off"  # a public endpoint
-    assert objs.egress_canary(opts, "https://api.example.com:6443") == "off"  # a name
-    assert objs.egress_canary(opts, None) == "off"
+    assert egress_canary(opts, "https://10.96.0.1:443") == "10.96.0.1:443"
+    assert egress_canary(opts, "https://172.20.0.1") == "172.20.0.1:443"
+    assert egress_canary(opts, "https://35.1.2.3:443") == "off"  # a public endpoint
+    assert egress_canary(opts, "https://api.example.com:6443") == "off"  # a name
+    assert egress_canary(opts, None) == "off"
     mine = KubernetesOptions(egress_canary="192.0.2.9:10250")
-    assert objs.egress_canary(mine, "https://10.96.0.1") == "192.0.2.9:10250"
+    assert egress_canary(mine, "https://10.96.0.1") == "192.0.2.9:10250"
     args = objs.build_pod(spec(cmd=["sleep", "1"]), mine, 1.0)["spec"]["containers"][0]["args"]
     at = args.index("--wait-closed")
     assert args[at + 1] == "192.0.2.9:10250" and at < args.index("--")

@@ -33,6 +33,7 @@ from lightkube.resources.networking_v1 import NetworkPolicy as K8sNetworkPolicy
 from orchard.env.backends.kubernetes import objects as objs
 from orchard.env.backends.kubernetes.backend import KubernetesBackend
 from orchard.env.backends.kubernetes.objects import KubernetesOptions
+from orchard.env.backends.kubernetes.policies import build_baseline_policy, build_network_policy
 from orchard.env.config import ServiceConfig
 from orchard.env.errors import (
     AdmissionDenied,
@@ -116,7 +117,7 @@ async def test_objects_are_accepted_by_the_api_server(cluster: AsyncClient, imag
     sp = SandboxSpec(
         id="sb-dryrun", owner="o", image=image, agent_token="t", expires_at=time.time() + 60
     )
-    bodies = [objs.build_pod(sp, opts, time.time()), objs.build_baseline_policy(opts)]
+    bodies = [objs.build_pod(sp, opts, time.time()), build_baseline_policy(opts)]
     for policy, allow in [
         (NetworkPolicy(egress="all"), ResolvedAllow((), False)),
         (
@@ -124,7 +125,7 @@ async def test_objects_are_accepted_by_the_api_server(cluster: AsyncClient, imag
             ResolvedAllow(("203.0.113.0/24",), True),
         ),
     ]:
-        body = objs.build_network_policy("sb-dryrun", policy, allow, opts)
+        body = build_network_policy("sb-dryrun", policy, allow, opts)
         assert body is not None
         bodies.append(body)
     for body in bodies:

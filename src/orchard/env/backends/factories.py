@@ -2,41 +2,14 @@
 
 from __future__ import annotations
 
-import os
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from orchard.env.backends.binaries import locate_agent_binary
 
 if TYPE_CHECKING:
     from orchard.env.backends.base import Backend
     from orchard.env.config import ServiceConfig
-
-
-def locate_binary(name: str, env_var: str) -> Path:
-    """Find one of the binaries `make agent` builds: $ENV_VAR, the package's copy, a source
-    build."""
-    env = os.environ.get(env_var)
-    if env:
-        path = Path(env)
-        if not path.is_file():
-            raise FileNotFoundError(f"{env_var}={env} does not exist")
-        return path
-    packaged = resources.files("orchard").joinpath("bin", name)
-    if packaged.is_file():
-        return Path(str(packaged))
-    # src/orchard/env/backends/factories.py -> the repository root holds build/NAME.
-    built = Path(__file__).resolve().parents[4] / "build" / name
-    if built.is_file():
-        return built
-    raise FileNotFoundError(
-        f"{name} binary not found: run `make agent` in the source checkout "
-        f"(or set {env_var} to its path)"
-    )
-
-
-def locate_agent_binary() -> Path:
-    """The orchard-agent binary: $ORCHARD_AGENT_BINARY, the package's copy, a source build."""
-    return locate_binary("orchard-agent", "ORCHARD_AGENT_BINARY")
 
 
 def _agent_binary(config: ServiceConfig) -> Path:

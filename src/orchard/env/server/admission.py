@@ -17,7 +17,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -264,6 +264,24 @@ class Admission:
                 self._over(owner, name, limit, holds, asked)
 
     # ------------------------------------------------------------ snapshots
+
+    async def admit_counted(
+        self,
+        spec: SandboxSpec,
+        records: Iterable[SandboxRecord],
+        count: Callable[[str], Awaitable[TenantHeld | None]] | None,
+    ) -> None:
+        """`admit`; where the backend enforces the quota itself (`count`: its
+        `ClusterQuota.tenant_usage`), a refusal by this replica's view is checked against
+        the backend's own count first: the view lags its watch (sandboxes deleted through
+        another replica a moment ago), the count does not."""
+        try:
+            self.admit([spec], records)
+        except QuotaExceeded:
+            counted = await count(holder(spec.owner)) if count is not None else None
+            if counted is None:
+                raise
+            self.admit([spec], (), counted=counted)
 
     def admit_snapshot(self, owner: str, snapshots: Iterable[SnapshotRecord]) -> None:
         """Reserve one snapshot for `owner` (released by `release_snapshot`) or raise 429:

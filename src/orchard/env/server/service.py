@@ -25,7 +25,6 @@ from orchard.env.errors import (
     InvalidRequest,
     NotFound,
     OrchardError,
-    QuotaExceeded,
     SandboxExited,
     SandboxPaused,
     ServiceStopping,
@@ -42,7 +41,6 @@ from orchard.env.models import (
 from orchard.env.server.admission import Admission
 from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.metrics import Metrics
-from orchard.env.server.pool_store import holder
 from orchard.env.server.pools import check_not_batch
 from orchard.env.server.pools_cluster import pool_manager
 from orchard.env.server.sizing import no_limit, parse_memory, size
@@ -306,25 +304,12 @@ class SandboxService:
 
     async def create_spec(self, spec: SandboxSpec, *, wait: bool) -> Sandbox:
         """Admit and make one sandbox of a spec built already (a create, a pool's refill)."""
-        await self.admit_counted(spec)
+        count = self.backend.tenant_usage if isinstance(self.backend, ClusterQuota) else None
+        await self.admission.admit_counted(spec, self.records(), count)
         try:
             return await self._guarded(self._create_counted(spec, wait=wait))
         finally:
             self.admission.release(spec.id)
-
-    async def admit_counted(self, spec: SandboxSpec) -> None:
-        """This replica's admission; where the backend enforces the quota itself, a refusal
-        by this replica's view is checked against the backend's own count first: the view
-        lags its watch (sandboxes deleted elsewhere a moment ago), the count does not."""
-        try:
-            self.admission.admit([spec], self.records())
-        except QuotaExceeded:
-            if not isinstance(self.backend, ClusterQuota):
-                raise
-            counted = await self.backend.tenant_usage(holder(spec.owner))
-            if counted is None:
-                raise
-            self.admission.admit([spec], (), counted=counted)
 
     async def _create_counted(self, spec: SandboxSpec, *, wait: bool) -> Sandbox:
         try:

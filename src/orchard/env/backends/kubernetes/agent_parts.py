@@ -16,14 +16,25 @@ it is: its content is fixed by its name).
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import functools
 import hashlib
+import ipaddress
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from orchard.env.backends.factories import locate_agent_binary, locate_binary
+from lightkube import KubeConfig, codecs
+
+from orchard.env.backends.binaries import locate_agent_binary, locate_binary
+from orchard.env.backends.kubernetes.host import ClusterHost
+from orchard.env.backends.kubernetes.objects import L_INSTANCE, KubernetesOptions
+from orchard.env.backends.kubernetes.policies import never_reached
+from orchard.env.errors import Conflict
 
 PART_BYTES = 1_000_000
 BOOT_NAME = "orchard-boot"
@@ -108,3 +119,91 @@ def _load(agent: Path, boot: Path) -> AgentParts:
 def load() -> AgentParts:
     """The agent and loader this service would run (`make agent` builds both), read once."""
     return _load(locate_agent_binary(), locate_binary(BOOT_NAME, "ORCHARD_BOOT_BINARY"))
+
+
+class AgentConfigMaps:
+    """A backend's agent ConfigMaps: made once per namespace and replica. A dry-run create
+    of the marker, which is made last, tells whether they are all there (one small request,
+    not 8 MB of parts sent to be refused); one that exists already is the same (its name is
+    its content's digest)."""
+
+    def __init__(self, host: ClusterHost, parts: AgentParts) -> None:
+        self.host = host
+        self.parts = parts
+        self._ready: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @classmethod
+    def of(cls, host: ClusterHost, options: KubernetesOptions) -> AgentConfigMaps | None:
+        """None where the agent comes by init container (`agent_delivery=init`)."""
+        if options.agent_delivery != "configmap":
+            return None
+        try:
+            return cls(host, load())
+        except FileNotFoundError as e:
+            raise FileNotFoundError(
+                f"{e}; or deliver the agent by init container (ORCHARD_K8S_AGENT_DELIVERY=init)"
+            ) from None
+
+    def forget(self, ns: str) -> None:
+        """Made again on the next create there (the namespace was deleted)."""
+        self._ready.discard(ns)
+
+    async def ensure(self, ns: str) -> None:
+        if ns in self._ready:
+            return
+        async with self._locks.setdefault(ns, asyncio.Lock()):
+            if ns in self._ready:
+                return
+            opts = self.host.opts
+            *maps, marker = self.parts.configmaps(
+                ns, {**opts.extra_labels, L_INSTANCE: opts.instance}
+            )
+            if await self._create_absent(marker, dry_run=True):
+                await asyncio.gather(*(self._create_absent(b) for b in maps))
+                await self._create_absent(marker)
+            self._ready.add(ns)
+
+    async def _create_absent(self, body: dict[str, Any], dry_run: bool = False) -> bool:
+        """Create `body`; False if it exists already."""
+        obj, name = codecs.from_dict(body), body["metadata"]["name"]
+        ns, client = body["metadata"]["namespace"], self.host.client
+        with contextlib.suppress(Conflict):
+            await self.host._call(
+                f"create {name} in {ns}", lambda: client.create(obj, dry_run=dry_run)
+            )
+            return True
+        return False
+
+
+def api_server(options: KubernetesOptions) -> str | None:
+    """The API server's URL as this service reaches it (in-cluster or a kubeconfig)."""
+    if options.egress_canary != "auto":
+        return None
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if host and not options.kubeconfig:
+        return f"https://{'[' + host + ']' if ':' in host else host}:{port}"
+    try:
+        path = options.kubeconfig
+        config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
+        single = config.get()
+        return str(single.cluster.server) if single is not None else None
+    except Exception:  # no config here: the client says so on its first call
+        return None
+
+
+def egress_canary(opts: KubernetesOptions, api_server: str | None) -> str:
+    """`auto` resolved: the API server's `host:port` (from `https://host:port`), if its
+    address is one no sandbox may reach; else `off`."""
+    if opts.egress_canary != "auto":
+        return opts.egress_canary
+    url = urlsplit(api_server or "")
+    try:
+        ip = ipaddress.ip_address(url.hostname or "")
+    except ValueError:
+        return "off"  # a name: what it resolves to is not known here
+    if not any(ip in net for net in never_reached(opts)):
+        return "off"
+    host = f"[{ip}]" if ip.version == 6 else str(ip)
+    return f"{host}:{url.port or 443}"

@@ -20,7 +20,6 @@ import asyncio
 import builtins
 import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +37,7 @@ from lightkube.types import PatchType
 from orchard.env.backends.base import SandboxRecord, SandboxSpec
 from orchard.env.backends.kubernetes import agent_parts
 from orchard.env.backends.kubernetes import objects as objs
+from orchard.env.backends.kubernetes import policies as pols
 from orchard.env.backends.kubernetes.nodes import NodesForbidden, NodeWatch
 from orchard.env.backends.kubernetes.objects import KubernetesOptions
 from orchard.env.backends.kubernetes.pools import PoolsMixin
@@ -97,7 +97,8 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         limits: Limits | None = None,
     ) -> None:
         self.opts = options = replace(
-            options, egress_canary=objs.egress_canary(options, self._api_server(options))
+            options,
+            egress_canary=agent_parts.egress_canary(options, agent_parts.api_server(options)),
         )
         if options.egress_canary == "off":
             log.warning(
@@ -115,45 +116,13 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         self._watch_task: asyncio.Task[None] | None = None
         self._cilium: bool | None = {"on": True, "off": False}.get(options.cilium)
         self._baseline_ready = False
-        self.agent = self._agent_parts(options)
-        self._agent_ready: set[str] = set()  # namespaces holding the agent's ConfigMaps
-        self._agent_locks: dict[str, asyncio.Lock] = {}
+        self.agent = agent_parts.AgentConfigMaps.of(self, options)
         # Several replicas (sharing.py): a namespace per tenant, a lease per replica.
         self._where: dict[str, str] = {}  # sandbox id -> namespace, once seen
         self.tenants = Tenants(self, limits) if options.tenant_namespaces else None
         self.replicas = Replicas(self) if options.replica_leases else None
         self.volumes = ClusterVolumes(self, self.tenants)  # PVCs (volume_store.py)
         self.nodes = NodeWatch(self._list_nodes, self._mark_lost)  # nodes.py
-
-    @staticmethod
-    def _api_server(options: KubernetesOptions) -> str | None:
-        """The API server's URL as this service reaches it (in-cluster or a kubeconfig)."""
-        if options.egress_canary != "auto":
-            return None
-        host, port = (
-            os.environ.get("KUBERNETES_SERVICE_HOST"),
-            os.environ.get("KUBERNETES_SERVICE_PORT", "443"),
-        )
-        if host and not options.kubeconfig:
-            return f"https://{'[' + host + ']' if ':' in host else host}:{port}"
-        try:
-            path = options.kubeconfig
-            config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
-            single = config.get()
-            return str(single.cluster.server) if single is not None else None
-        except Exception:  # no config here: the client says so on its first call
-            return None
-
-    @staticmethod
-    def _agent_parts(options: KubernetesOptions) -> agent_parts.AgentParts | None:
-        if options.agent_delivery != "configmap":
-            return None
-        try:
-            return agent_parts.load()
-        except FileNotFoundError as e:
-            raise FileNotFoundError(
-                f"{e}; or deliver the agent by init container (ORCHARD_K8S_AGENT_DELIVERY=init)"
-            ) from None
 
     def default_size(self) -> tuple[float, int]:
         """What a sandbox that names no cpu/memory gets here (its requests): the service's
@@ -359,53 +328,24 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
     async def _ensure_baseline(self) -> None:
         if self._baseline_ready:
             return
-        body = codecs.from_dict(objs.build_baseline_policy(self.opts))
+        body = codecs.from_dict(pols.build_baseline_policy(self.opts))
         with contextlib.suppress(Conflict):  # another replica, or the manifests, made it
             await self._call("create baseline network policy", lambda: self.client.create(body))
         self._baseline_ready = True
-
-    async def _ensure_agent(self, ns: str) -> None:
-        """The agent's ConfigMaps in the pod's namespace (agent_parts.py), once per replica
-        and namespace. A dry-run create of the marker, which is made last, tells whether they
-        are all there (1 small request, not 8 MB of parts sent to be refused); one that
-        exists already is the same (its name is its content's digest)."""
-        if self.agent is None or ns in self._agent_ready:
-            return
-        async with self._agent_locks.setdefault(ns, asyncio.Lock()):
-            if ns in self._agent_ready:
-                return
-            labels = {**self.opts.extra_labels, objs.L_INSTANCE: self.opts.instance}
-            *parts, marker = self.agent.configmaps(ns, labels)
-            if await self._create_absent(marker, dry_run=True):
-                await asyncio.gather(*(self._create_absent(b) for b in parts))
-                await self._create_absent(marker)
-            self._agent_ready.add(ns)
-
-    async def _create_absent(self, body: dict[str, Any], dry_run: bool = False) -> bool:
-        """Create `body`; False if it exists already."""
-        obj, name = codecs.from_dict(body), body["metadata"]["name"]
-        ns = body["metadata"]["namespace"]
-        try:
-            await self._call(
-                f"create {name} in {ns}", lambda: self.client.create(obj, dry_run=dry_run)
-            )
-        except Conflict:
-            return False
-        return True
 
     async def _resolved(self, policy: NetworkPolicy, cilium: bool) -> ResolvedAllow:
         if policy.egress != "allow" or cilium:
             return ResolvedAllow((), False)  # Cilium resolves names itself (toFQDNs)
         # An entry wholly inside the never-reached ranges is refused (422), as on docker
         # and local; wider ones are trimmed around them by the policy's ipBlock excepts.
-        return await resolve_allow(policy.allow, refused=objs.never_reached(self.opts))
+        return await resolve_allow(policy.allow, refused=pols.never_reached(self.opts))
 
     def _policy(
         self, sid: str, policy: NetworkPolicy, allow: ResolvedAllow, cilium: bool, uid: str | None
     ) -> dict[str, Any] | None:
         if cilium:
-            return objs.build_cilium_policy(sid, policy, self.opts, uid)
-        return objs.build_network_policy(sid, policy, allow, self.opts, uid)
+            return pols.build_cilium_policy(sid, policy, self.opts, uid)
+        return pols.build_network_policy(sid, policy, allow, self.opts, uid)
 
     async def _write_policy(self, body: dict[str, Any], cilium: bool) -> None:
         """Create the sandbox's policy, or replace its spec if it exists (lists are replaced
@@ -449,7 +389,8 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         if spec.snapshot_id is None:  # a snapshot's image is the service's own
             await self.image_policy.check_pull(self.image_policy.check(spec.image))
         self._ensure_watch()
-        body = objs.build_pod(spec, self.opts, time.time(), self.agent)
+        parts = self.agent.parts if self.agent is not None else None
+        body = objs.build_pod(spec, self.opts, time.time(), parts)
         add_mounts(body, self.opts, spec)
         if spec.snapshot_id is not None:
             await self._from_snapshot(spec, body)
@@ -486,7 +427,8 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                 ns = self.opts.namespace
             else:
                 ns = await self.tenants.ensure(spec.owner)
-            await self._ensure_agent(ns)
+            if self.agent is not None:
+                await self.agent.ensure(ns)
             body["metadata"]["namespace"] = ns
             self._where[spec.id] = ns
             try:
@@ -505,7 +447,8 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                 if self.tenants is None or attempt or not gone:
                     raise
                 self.tenants.forget(ns)
-                self._agent_ready.discard(ns)
+                if self.agent is not None:
+                    self.agent.forget(ns)
         raise AssertionError("unreachable")
 
     async def _wait_started(self, sid: str, deadline: float) -> dict[str, Any]:

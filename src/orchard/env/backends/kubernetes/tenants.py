@@ -31,6 +31,7 @@ from lightkube.resources.core_v1 import Pod, ResourceQuota, ServiceAccount
 
 from orchard.env.backends.kubernetes import objects as objs
 from orchard.env.backends.kubernetes.objects import KubernetesOptions
+from orchard.env.backends.kubernetes.policies import build_baseline_policy
 from orchard.env.backends.kubernetes.pool_objects import POOL_SEP
 from orchard.env.backends.replicated import TenantHeld
 from orchard.env.errors import Conflict, NotFound, QuotaExceeded, Unavailable
@@ -144,7 +145,7 @@ def build_policies(opts: KubernetesOptions, owner: str) -> list[dict[str, Any]]:
     """The sandbox namespace's policies in a tenant's: default deny for every pod, and the
     agent port opened to the service's pods (the baseline the backend writes)."""
     ns = tenant_namespace(opts, owner)
-    baseline = objs.build_baseline_policy(opts)
+    baseline = build_baseline_policy(opts)
     baseline["metadata"]["namespace"] = ns
     deny = {
         "apiVersion": "networking.k8s.io/v1",
