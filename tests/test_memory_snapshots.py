@@ -88,7 +88,9 @@ def local(local_service: EmbeddedService) -> Iterator[Orchard]:
 
 
 def _count(sb: Sandbox) -> int:
-    return int(sb.exec("cat /tmp/n").stdout)
+    """The counter; -1 until the loop (just started, on a busy host) has written it."""
+    out = sb.exec("cat /tmp/n").stdout.strip()
+    return int(out) if out else -1
 
 
 def _counting(sb: Sandbox, above: int, within_s: float = 5.0) -> int:
