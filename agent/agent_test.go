@@ -486,6 +486,29 @@ func TestSIGTERMStopsChildrenAndExits(t *testing.T) {
 	eventually(t, "children gone", func() bool { return procGone(info.PID) && procGone(trapped.PID) })
 }
 
+// POST /retire kills every process and leaves the agent up, answering /health only.
+func TestRetireKillsEverythingAndRefusesAfter(t *testing.T) {
+	a := startAgent(t, agentOpts{entry: []string{"sleep", "100"}})
+	var info procInfo
+	a.call("POST", "/processes", map[string]any{"cmd": []string{"sleep", "100"}}, 201, &info)
+	a.call("POST", "/retire", nil, 204, nil)
+	eventually(t, "children gone", func() bool { return procGone(info.PID) })
+	for _, path := range []string{"/exec", "/processes"} {
+		if code, body := a.do("POST", path, map[string]any{"cmd": "true"}); code != 410 {
+			t.Fatalf("%s after retire: %d %s", path, code, body)
+		}
+	}
+	if code, _ := a.do("GET", "/health", nil); code != 200 {
+		t.Fatalf("health after retire: %d", code)
+	}
+	a.call("POST", "/retire", nil, 204, nil) // again: nothing left, still fine
+	select {
+	case <-a.exited:
+		t.Fatalf("the agent exited on retire: %s", a.log())
+	default:
+	}
+}
+
 func TestEntrypointSupervised(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out")

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -111,12 +112,14 @@ type agent struct {
 	started time.Time
 	exec    *execapi.Handler
 	gate    *tokenGate
+	reaper  *proc.Reaper
+	retired atomic.Bool // POST /retire: every process killed, nothing served but /health
 }
 
 func newAgent(cfg *config, r *proc.Reaper) *agent {
 	a := &agent{
 		spill: proc.NewSpillDir(cfg.spillDir), baseEnv: proc.ScrubbedEnv(os.Environ()), started: time.Now(),
-		gate: newTokenGate(cfg.token),
+		gate: newTokenGate(cfg.token), reaper: r,
 	}
 	a.exec = execapi.New(execapi.Config{
 		Reaper: r, Spill: a.spill, MaxOutput: cfg.maxOutput, User: cfg.user, BaseEnv: a.baseEnv,
@@ -129,6 +132,7 @@ func (a *agent) routes(agentPorts ...int) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", a.handleHealth)
 	mux.HandleFunc("/token", a.gate.handleToken)
+	mux.HandleFunc("/retire", a.handleRetire)
 	a.exec.Register(mux)
 	files.Register(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -136,7 +140,32 @@ func (a *agent) routes(agentPorts ...int) http.Handler {
 	})
 	// The port proxy sees its path before the mux cleans it: a dot segment must be
 	// refused there, never resolved into one of the agent's own routes.
-	return proxy.Route(mux, agentPorts...)
+	return a.refuseRetired(proxy.Route(mux, agentPorts...))
+}
+
+// handleRetire ends the sandbox's life but not the agent's: every process is killed
+// (as PID 1, every one in the namespace) and from now on only /health answers. The
+// Kubernetes backend retires a deleted sandbox this way and removes its pod once the
+// node is quiet (docs/kubernetes.md, "Deletes"): the pod's teardown costs the node
+// about as much as its start, and a burst should not pay for it.
+func (a *agent) handleRetire(w http.ResponseWriter, r *http.Request) {
+	if !api.RequireMethod(w, r, http.MethodPost) {
+		return
+	}
+	a.retired.Store(true)
+	a.reaper.Shutdown(syscall.SIGKILL, time.Second)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// refuseRetired answers 410 to everything but /health and /retire once retired.
+func (a *agent) refuseRetired(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.retired.Load() && r.URL.Path != "/health" && r.URL.Path != "/retire" {
+			api.WriteError(w, api.Errf(http.StatusGone, "retired", "this sandbox was deleted"))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func (a *agent) handleHealth(w http.ResponseWriter, r *http.Request) {
