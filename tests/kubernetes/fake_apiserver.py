@@ -112,6 +112,7 @@ class Fault:
     times: int
     reason: str | None = None
     retry_after: str | None = None
+    message: str | None = None
 
 
 @dataclass
@@ -207,9 +208,12 @@ class FakeKubeAPIServer:
         times: int = 1,
         reason: str | None = None,
         retry_after: str | None = None,
+        message: str | None = None,
     ) -> None:
         """The next `times` `method` requests on `plural` answer `status` with a Status body."""
-        self.faults.append(Fault(method.upper(), plural, status, times, reason, retry_after))
+        self.faults.append(
+            Fault(method.upper(), plural, status, times, reason, retry_after, message)
+        )
 
     def pods(self, ns: str) -> dict[str, Obj]:
         return {k[2]: v for k, v in self.objects.items() if k[0] == "pods" and k[1] == ns}
@@ -311,7 +315,9 @@ class FakeKubeAPIServer:
         for fault in self.faults:
             if fault.times > 0 and fault.method == request.method and fault.plural == plural:
                 fault.times -= 1
-                resp = self._error(fault.status, f"injected fault {fault.status}", fault.reason)
+                resp = self._error(
+                    fault.status, fault.message or f"injected fault {fault.status}", fault.reason
+                )
                 if fault.retry_after:
                     resp.headers["Retry-After"] = fault.retry_after
                 return resp

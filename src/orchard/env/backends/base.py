@@ -8,6 +8,7 @@ truth: a service that restarts rebuilds its whole view from `list()`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -114,6 +115,18 @@ class Backend(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Retiring(Protocol):
+    """Optional: a delete whose teardown can wait (kubernetes/retire.py).
+
+    `kill` stops every process of the sandbox (the service asks its agent); the backend
+    then keeps it from every listing and removes it when that costs the node least. False:
+    this one must be deleted outright (the service then calls `delete`).
+    """
+
+    async def retire(self, sandbox_id: str, kill: Callable[[], Awaitable[object]]) -> bool: ...
 
 
 @runtime_checkable

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -16,7 +17,7 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from orchard.env.backends.base import Backend, OrphanCleaner, SandboxRecord, SandboxSpec
+from orchard.env.backends.base import Backend, OrphanCleaner, Retiring, SandboxRecord, SandboxSpec
 from orchard.env.backends.replicated import ClusterQuota, ReplicaShared
 from orchard.env.backends.volume_base import mount_strings
 from orchard.env.config import ServiceConfig
@@ -248,8 +249,7 @@ class SandboxService:
     def build_spec(self, owner: str, req: SandboxCreate) -> SandboxSpec:
         """The spec of every path that makes a sandbox (create, batch, fork, from a snapshot,
         a pool's refill, a claim): one place for what a create may carry and its size."""
-        bad = [k for k in req.labels if k.startswith(RESERVED_LABEL_PREFIX)]
-        if bad:
+        if bad := [k for k in req.labels if k.startswith(RESERVED_LABEL_PREFIX)]:
             raise InvalidRequest(f"label keys starting with 'orchard.' are reserved: {bad}")
         if any(k.startswith(RESERVED_ENV_PREFIX) for k in req.env):
             raise InvalidRequest(f"env names starting with {RESERVED_ENV_PREFIX} are reserved")
@@ -431,12 +431,10 @@ class SandboxService:
         await self._remove(sandbox_id)
 
     async def _bounded(self, call: Coroutine[Any, Any, T], what: str) -> T:
-        """Await a backend call for at most create_timeout_s, then answer 503.
-
-        Unlike wait_for, this does not wait for the abandoned call to finish cancelling: a
-        stalled engine would hold that up too. The call is cancelled and runs its own clean-up
-        in the background once the backend answers again.
-        """
+        """Await a backend call for at most create_timeout_s, then answer 503. Unlike
+        wait_for, this does not wait for the abandoned call to finish cancelling (a stalled
+        engine would hold that up too): it is cancelled and runs its own clean-up in the
+        background once the backend answers again."""
         task = asyncio.ensure_future(call)
         try:
             done, _ = await asyncio.wait({task}, timeout=self.config.create_timeout_s)
@@ -463,9 +461,15 @@ class SandboxService:
             task.add_done_callback(self._abandoned.discard)
 
     async def _remove(self, sandbox_id: str) -> None:
+        rec, what = self._records.get(sandbox_id), f"sandbox {sandbox_id}: delete"
         try:
+            if isinstance(self.backend, Retiring) and rec and rec.state == "running":
+                # The agent kills every process now, the backend removes the rest later.
+                kill = functools.partial(self.connection(rec).request, "POST", "/retire")
+                if await self._bounded(self.backend.retire(sandbox_id, kill), what):
+                    return
             # Bounded like create: reconcile retries whatever a stalled backend left behind.
-            await self._bounded(self.backend.delete(sandbox_id), f"sandbox {sandbox_id}: delete")
+            await self._bounded(self.backend.delete(sandbox_id), what)
         finally:
             await self._drop_conn(sandbox_id)
             self._forget(sandbox_id)

@@ -42,6 +42,7 @@ from orchard.env.backends.kubernetes.nodes import NodesForbidden, NodeWatch
 from orchard.env.backends.kubernetes.objects import KubernetesOptions
 from orchard.env.backends.kubernetes.pools import PoolsMixin
 from orchard.env.backends.kubernetes.replicas import Replicas
+from orchard.env.backends.kubernetes.retire import Retirements
 from orchard.env.backends.kubernetes.sharing import SharingMixin
 from orchard.env.backends.kubernetes.snapshotting import KubernetesSnapshots
 from orchard.env.backends.kubernetes.state import KubernetesState
@@ -56,6 +57,7 @@ from orchard.env.errors import (
     InvalidRequest,
     NotFound,
     OrchardError,
+    QuotaExceeded,
     RegistryUnavailable,
     SandboxExited,
     Unavailable,
@@ -123,6 +125,8 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         self.replicas = Replicas(self) if options.replica_leases else None
         self.volumes = ClusterVolumes(self, self.tenants)  # PVCs (volume_store.py)
         self.nodes = NodeWatch(self._list_nodes, self._mark_lost)  # nodes.py
+        limits_of = self.tenants.limits.of if self.tenants is not None else None
+        self.retired = Retirements(self, limits_of, self._delete_policies)  # retire.py
 
     def default_size(self) -> tuple[float, int]:
         """What a sandbox that names no cpu/memory gets here (its requests): the service's
@@ -215,8 +219,8 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         if sid is None:
             return None
         self.remember_namespace(pod)
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
-            self._pods.pop(sid, None)  # terminating is as good as gone to callers
+        if (pod.get("metadata") or {}).get("deletionTimestamp") or self.retired.note(sid, pod):
+            self._pods.pop(sid, None)  # terminating or retired is as good as gone to callers
         else:
             self._pods[sid] = pod
         if ev := self._changed.get(sid):
@@ -278,6 +282,8 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                         fresh[sid] = pod
                 for gone in set(self._pods) - set(fresh):
                     self._drop(gone)
+                for gone in set(self.retired.seen) - set(fresh):
+                    self.retired.gone(gone)
                 for pod in fresh.values():
                     self._store(pod)
                 self._synced = True
@@ -294,6 +300,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                         sid = (pod["metadata"].get("labels") or {}).get(objs.L_SANDBOX)
                         if sid:
                             self._drop(sid)
+                            self.retired.gone(sid)
                             self._where.pop(sid, None)
                     else:
                         self._store(pod)
@@ -389,6 +396,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         if spec.snapshot_id is None:  # a snapshot's image is the service's own
             await self.image_policy.check_pull(self.image_policy.check(spec.image))
         self._ensure_watch()
+        self.retired.busy()
         parts = self.agent.parts if self.agent is not None else None
         body = objs.build_pod(spec, self.opts, time.time(), parts)
         add_mounts(body, self.opts, spec)
@@ -438,6 +446,12 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                         lambda: self.client.create(codecs.from_dict(body)),
                     )
                 )
+            except QuotaExceeded:
+                # Retired pods still count in the quota (retire.py): gone, then once more.
+                if attempt or not await self.retired.reap_namespace(ns):
+                    raise
+                await asyncio.sleep(0.5)
+                continue
             except Conflict as e:
                 if conflict_is_quota(e):
                     raise Unavailable(f"sandbox {spec.id}: the quota is contended: {e}") from e
@@ -611,11 +625,22 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
 
     # ------------------------------------------------------------ delete
 
+    async def retire(self, sandbox_id: str, kill: Callable[[], Awaitable[object]]) -> bool:
+        """Delete, the pod's teardown left for a quiet node (retire.py); False: not here,
+        delete it outright."""
+        objs.check_id(sandbox_id)
+        if not await self.retired.retire(sandbox_id, kill):
+            return False
+        if self.replicas is not None:
+            self.replicas.forget(sandbox_id)
+        return True
+
     async def delete(self, sandbox_id: str) -> None:
         try:
             objs.check_id(sandbox_id)
         except InvalidRequest:
             return  # no sandbox can have such an id
+        self.retired.busy()
         await self._thaw_before_delete(self._pods.get(sandbox_id), sandbox_id)
         ns = await self.locate(sandbox_id)
         if ns is not None:
@@ -648,6 +673,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                 log.warning("removed sandbox %s, pending too long: %s", rec.id, rec.error)
                 removed.append(rec.id)
         removed += await self._abandoned()
+        await self.retired.reap_leftovers()  # not sandboxes any more, so not in `removed`
         try:  # half-made snapshots (snapshotting.py): not sandboxes, so not in `removed`
             await self._reap_snapshots()
         except Exception as e:
@@ -661,6 +687,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                 await self._watch_task
             self._watch_task = None
         await self.nodes.close()
+        await self.retired.close()  # what it has not deleted: reconcile's (retire.py)
         await self._close_pools()  # warm pools (pools.py)
         if self.replicas is not None:
             await self.replicas.close()  # its lease: gone with it

@@ -48,6 +48,8 @@ A_VOLUMES = f"{GROUP}/volumes"  # its mounts, JSON (kubernetes/volumes.py puts t
 # last activity a replica wrote (for idle timeouts every replica reads).
 A_CREATING = f"{GROUP}/creating-by"
 A_ACTIVE = f"{GROUP}/active-at"
+# Deleted, its processes killed, its pod left for a quiet moment (retire.py): no sandbox.
+A_RETIRED = f"{GROUP}/retired-at"
 
 AGENT_DIR = "/.orchard"
 AGENT_PATH = f"{AGENT_DIR}/orchard-agent"
@@ -143,6 +145,11 @@ class KubernetesOptions:
     # A Lease per replica, creates marked until handed over, activity written to the pod:
     # what lets 2 or more replicas reconcile the same pods safely (replicas.py).
     replica_leases: bool = False
+    # A deleted sandbox's processes are killed at once and its pod removed once the node
+    # is quiet, or after reap_after_s (retire.py): a pod's teardown costs its node about
+    # as much as its start, and a burst of deletes should not slow the creates beside it.
+    defer_deletes: bool = True
+    reap_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not _QUANTITY_RE.match(self.ephemeral_storage):
@@ -156,6 +163,8 @@ class KubernetesOptions:
                 raise ValueError(f"blocked CIDR {cidr!r} is not a network") from None
         if self.api_concurrency < 1 or self.retries < 0 or self.pending_timeout_s <= 0:
             raise ValueError("api concurrency, retries and pending timeout must be positive")
+        if self.reap_after_s < 0:
+            raise ValueError("the reap delay must not be negative")
         if self.unschedulable_timeout_s < 0:
             raise ValueError("the unschedulable timeout must not be negative")
         if self.agent_delivery not in ("configmap", "init"):
@@ -192,6 +201,7 @@ class KubernetesOptions:
             ("ORCHARD_K8S_PENDING_TIMEOUT_S", "pending_timeout_s", float),
             ("ORCHARD_K8S_UNSCHEDULABLE_TIMEOUT_S", "unschedulable_timeout_s", float),
             ("ORCHARD_K8S_RETRIES", "retries", int),
+            ("ORCHARD_K8S_REAP_AFTER_S", "reap_after_s", float),
         ):
             if env.get(var):
                 kw[name] = conv(env[var])
@@ -207,6 +217,7 @@ class KubernetesOptions:
         for var, name in (
             ("ORCHARD_K8S_TENANT_NAMESPACES", "tenant_namespaces"),
             ("ORCHARD_K8S_REPLICA_LEASES", "replica_leases"),
+            ("ORCHARD_K8S_DEFER_DELETES", "defer_deletes"),
         ):
             if env.get(var):
                 kw[name] = env[var].strip().lower() in ("1", "true", "yes", "on")
@@ -492,6 +503,8 @@ def record_from_pod(pod: Mapping[str, Any], opts: KubernetesOptions) -> SandboxR
     labels = meta.get("labels") or {}
     ann = meta.get("annotations") or {}
     if any(labels.get(k) != v for k, v in selector(opts).items()) or L_SANDBOX not in labels:
+        return None
+    if ann.get(A_RETIRED):  # deleted: its pod only waits for a quiet node (retire.py)
         return None
     state, exit_code, error = pod_state(pod)
     if state == "running" and ann.get(A_PAUSED) == "true":
