@@ -18,6 +18,7 @@ import asyncio
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -100,15 +101,12 @@ def orchard_pod(
 SHAPES = ("bare", "policy", "orchard-pod")
 
 
-async def _floor(
-    kubeconfig: str, image: str, n: int, concurrency: int, uids: list[str], shape: str,
-    settings: dict[str, str],
-) -> dict[str, Any]:  # fmt: skip
-    ns = f"orchard-bench-{common.RUN_ID}"
-    opts = replace(
-        KubernetesOptions.from_env(settings), namespace=ns, instance=f"bench-{common.RUN_ID}"
-    )
-    client = AsyncClient(KubeConfig.from_file(kubeconfig), timeout=httpx2.Timeout(120))
+async def namespace_for(
+    client: AsyncClient, opts: KubernetesOptions, image: str, shape: str
+) -> Callable[[str], dict[str, Any]]:
+    """Make `opts.namespace` as a tenant's would be for `shape` (its deny-all policy, the
+    agent's ConfigMaps); return the maker of that shape's pods in it."""
+    ns = opts.namespace
     await client.create(
         codecs.from_dict({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     )
@@ -127,6 +125,19 @@ async def _floor(
             pod["metadata"]["labels"].update(selector(opts))
         return pod
 
+    return make
+
+
+async def _floor(
+    kubeconfig: str, image: str, n: int, concurrency: int, uids: list[str], shape: str,
+    settings: dict[str, str],
+) -> dict[str, Any]:  # fmt: skip
+    ns = f"orchard-bench-{common.RUN_ID}"
+    opts = replace(
+        KubernetesOptions.from_env(settings), namespace=ns, instance=f"bench-{common.RUN_ID}"
+    )
+    client = AsyncClient(KubeConfig.from_file(kubeconfig), timeout=httpx2.Timeout(120))
+    make = await namespace_for(client, opts, image, shape)
     running: dict[str, asyncio.Event] = {f"floor-{i}": asyncio.Event() for i in range(n)}
 
     async def watch() -> None:

@@ -37,7 +37,7 @@ import common
 from k8s_deploy import Kube
 
 from orchard import Orchard
-from orchard.env.backends.kubernetes.objects import L_COMPONENT
+from orchard.env.backends.kubernetes.objects import A_RETIRED, L_COMPONENT
 
 COMMANDS = ["echo $0", "ls /", "cat /proc/version | head -c 40", "sh -lc 'cat /proc/version'"]
 
@@ -70,7 +70,9 @@ def settled(kube: Kube | None, timeout_s: float = 300) -> None:
         busy = [
             p
             for p in pods
-            if p["metadata"].get("deletionTimestamp") or p["status"].get("phase") == "Pending"
+            if p["metadata"].get("deletionTimestamp")
+            or p["status"].get("phase") == "Pending"
+            or A_RETIRED in (p["metadata"].get("annotations") or {})  # torn down soon
         ]
         if not busy:
             time.sleep(2)  # the kubelet's and kube-router's last syncs
@@ -166,6 +168,7 @@ def measure(
     out: dict[str, Any] = {}
     md = ""
     if not args.skip_burst:
+        settled(kube)
         out["burst_cold"] = burst(c, image, args.n, args.workers, None)
     name = f"bench-{common.RUN_ID}"
     c.pools.create(name, image, args.pool_size)
@@ -189,6 +192,7 @@ def measure(
         )
         if not args.skip_burst:
             c.pools.wait_ready(name, timeout_s=900)
+            settled(kube)  # the claims' sandboxes torn down, as before the cold burst
             out["burst_pool"] = burst(c, image, args.n, args.workers, name)
     finally:
         c.pools.delete(name)

@@ -271,6 +271,35 @@ def test_unschedulable_request_is_a_clear_error_and_leaks_nothing(
     assert client.sandboxes.list() == []
 
 
+def test_a_delete_kills_everything_at_once_and_the_pod_goes_when_quiet(
+    client: Orchard, sandbox_image: str
+) -> None:
+    """A delete retires the sandbox (docs/kubernetes.md, "Deletes"): every process is dead
+    before the answer, no replica shows it, and its pod goes once the node is quiet."""
+    sb = client.sandboxes.create(sandbox_image, timeout_s=300)
+    sb.exec("nohup sleep 1000 >/dev/null 2>&1 &")  # escaped: reparented to the agent
+    name = f"orchard-{sb.id}"
+    sb.delete()
+    # Straight after the answer (the pod waits for a quiet second, so it is almost always
+    # still there): nothing but the agent runs in it, and it is marked retired.
+    ps = kubectl("-n", NS, "exec", name, "--", "ps", check=False)
+    if ps.returncode == 0:
+        assert "sleep 1000" not in ps.stdout, ps.stdout
+        pod = kubectl("-n", NS, "get", "pod", name, "--ignore-not-found", "-o", "json").stdout
+        if pod.strip():
+            assert "orchard.dev/retired-at" in json.loads(pod)["metadata"]["annotations"]
+    else:
+        assert "NotFound" in ps.stderr or "not found" in ps.stderr, ps.stderr
+    for _ in range(4):  # the NodePort spreads these over both replicas
+        with pytest.raises(NotFound):
+            client.sandboxes.get(sb.id)
+        assert sb.id not in {s.id for s in client.sandboxes.list()}
+    deadline = time.monotonic() + 60
+    while kget("pods", "-n", NS, "-l", f"orchard.dev/sandbox={sb.id}")["items"]:
+        assert time.monotonic() < deadline, "the retired pod was never removed"
+        time.sleep(0.5)
+
+
 def test_pod_deleted_or_evicted_behind_the_services_back(
     client: Orchard, sandbox_image: str
 ) -> None:
