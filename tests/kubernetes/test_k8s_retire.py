@@ -97,14 +97,26 @@ async def test_another_replica_removes_what_a_dead_one_retired(tmp_path: Path) -
         await other.list()
         a.retired.busy()
         assert await a.retire("sb-r4", Kills())
-        await a.retired.close()  # died before its reaper ran
-        a.retired.mine.clear()
+        a.retired.mine.clear()  # died before its reaper ran: nothing of its own left
+        await a.retired.close()
         await until(lambda: "sb-r4" in other.retired.seen)
         assert await other.remove_orphans(set()) == []  # not old enough yet: kept
         assert "orchard-sb-r4" in api.pods(NS)
         await asyncio.sleep(3 * retire.QUIET_S)
         await other.remove_orphans(set())
         assert "orchard-sb-r4" not in api.pods(NS)
+
+
+async def test_a_replica_that_stops_deletes_what_it_retired(tmp_path: Path) -> None:
+    async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
+        b = make(reap_after_s=600)
+        await b.create(spec("sb-r7"))
+        await until(lambda: "sb-r7" in b._pods)
+        b.retired.busy()
+        assert await b.retire("sb-r7", Kills())
+        assert "orchard-sb-r7" in api.pods(NS)
+        await b.close()
+        assert "orchard-sb-r7" not in api.pods(NS)
 
 
 async def test_a_create_the_quota_refuses_removes_retired_pods_first(tmp_path: Path) -> None:

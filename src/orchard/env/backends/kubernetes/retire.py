@@ -9,7 +9,7 @@ whole PID namespace) and refuses everything after, the pod is marked `retired-at
 from then on no replica shows it (objects.record_from_pod). The replica that retired it
 deletes the pod once no create or delete has come for `QUIET_S`, or once it is
 `reap_after_s` old, or at once past `MAX_RETIRED`; any replica removes one left past
-three times that by a replica that died.
+three times that by a replica that died (one that stops deletes its own first).
 
 A retired pod still counts in its tenant's ResourceQuota, so a sandbox is retired only
 while its namespace holds at most half of each of the owner's caps, and a create the
@@ -42,6 +42,7 @@ QUIET_S = 1.0  # no create or delete for this long: the node is free to tear dow
 REAP_CONCURRENCY = 8
 KILL_TIMEOUT_S = 5.0  # an agent that does not answer by then: deleted outright
 MAX_RETIRED = 256  # per replica; past it the oldest go at once, busy or not
+CLOSE_S = 20.0  # a stopping replica deletes what it retired for this long at most
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,14 @@ class Retirements:
         return [sid for sid, _ in left]
 
     async def close(self) -> None:
+        """Delete what this replica retired before it stops (for at most CLOSE_S): of
+        another instance, or the last replica, nobody else would."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        if self.mine:
+            left = [(s, r.namespace) for s, r in self.mine.items()]
+            reaps = asyncio.gather(*(self._reap(s, ns) for s, ns in left))
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reaps, CLOSE_S)
