@@ -98,7 +98,7 @@ def orchard_pod(
     return pod
 
 
-SHAPES = ("bare", "policy", "orchard-pod")
+SHAPES = ("bare", "policy", "orchard-volumes", "orchard-pod")
 
 
 async def namespace_for(
@@ -113,13 +113,17 @@ async def namespace_for(
     if shape != "bare":  # and its namespace's deny-all policy (tenants.py makes it)
         await client.create(codecs.from_dict(build_baseline_policy(opts)))
     agent = agent_parts.load() if opts.agent_delivery == "configmap" else None
-    if shape == "orchard-pod" and agent is not None:  # as the service makes them, once
+    if shape.startswith("orchard") and agent is not None:  # as the service makes them, once
         for cm in agent.configmaps(ns, {}):
             await client.create(codecs.from_dict(cm))
 
     def make(name: str) -> dict[str, Any]:
         if shape == "orchard-pod":
             return orchard_pod(name, ns, image, opts, agent)
+        if shape == "orchard-volumes":  # its volumes and mounts, but `sleep`: no agent
+            pod = orchard_pod(name, ns, image, opts, agent)
+            pod["spec"]["containers"][0].update(command=["sleep", "3600"], args=[])
+            return pod
         pod = bare_pod(name, ns, image)
         if shape == "policy":  # selected by the deny-all policy, as a sandbox is
             pod["metadata"]["labels"].update(selector(opts))
@@ -174,8 +178,10 @@ async def _floor(
 def floor(kube: Kube, image: str, n: int, concurrency: int, shape: str = "bare") -> dict[str, Any]:
     """Pods created through the API, timed to Running; the namespace gone after. `shape`:
     `bare` (one container), `policy` (the same under the deny-all policy a tenant namespace
-    has), or `orchard-pod`: Orchard's own pod (the agent's init container, its limits, the
-    policy) without the service, which tells the pod's cost from the service's."""
+    has), `orchard-pod`: Orchard's own pod (the agent's delivery, its limits, the policy)
+    without the service, which tells the pod's cost from the service's, or
+    `orchard-volumes`: that pod running `sleep`, which tells the delivery's cost (its
+    volumes) from the agent's."""
     if shape not in SHAPES:
         raise ValueError(f"shape {shape!r} is not one of {', '.join(SHAPES)}")
     settings = kube.get("configmap", "orchard", "-n", "orchard-system").get("data") or {}
