@@ -44,6 +44,7 @@ from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.pools import check_not_batch
 from orchard.env.server.pools_cluster import pool_manager
+from orchard.env.server.readiness import wait_ready
 from orchard.env.server.sizing import no_limit, parse_memory, size
 from orchard.env.server.state import expire_snapshots, paused_error, spec_from_snapshot
 from orchard.env.server.volumes import expire_volumes, resolve_mounts
@@ -352,29 +353,12 @@ class SandboxService:
             self.admission.release(spec.id)
 
     async def _wait_ready(self, rec: SandboxRecord, deadline: float) -> SandboxRecord:
-        agent = self._conn(rec)
-        delay = 0.002
-        while True:
-            try:
-                await agent.health()
-            except OrchardError:
-                pass
-            else:
-                self._pending.discard(rec.id)
-                return rec
-            latest = await self.backend.get(rec.id)
-            if latest is None:
-                raise Unavailable(f"sandbox {rec.id} vanished while starting")
-            self._records[rec.id] = latest
-            if latest.state in ("exited", "failed"):
-                detail = latest.error or f"exit code {latest.exit_code}"
-                raise Unavailable(f"sandbox {rec.id} stopped while starting ({detail})")
-            if time.monotonic() >= deadline:
-                raise AgentUnavailable(
-                    f"sandbox {rec.id}: agent not ready after {self.config.ready_timeout_s:g} s"
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.1)
+        timeout = self.config.ready_timeout_s
+        latest = await wait_ready(self._conn(rec), rec.id, self.backend.get, deadline, timeout)
+        if latest is not None:
+            self._records[rec.id] = rec = latest
+        self._pending.discard(rec.id)
+        return rec
 
     async def create_batch(self, owner: str, req: SandboxCreate) -> BatchCreateResult:
         """All or nothing: the first create that fails stops the batch and undoes the rest."""
