@@ -76,9 +76,9 @@ def _cgroup_s(path: Path) -> float:
 
 def _pods_s(pod_uids: list[str]) -> float:
     total = 0.0
-    for uid in pod_uids:
-        for d in KUBEPODS.glob(f"**/pod{uid}"):
-            total += _cgroup_s(d)
+    for uid in pod_uids:  # the kubelet's QoS levels (a recursive glob races pods going)
+        for qos in ("", "burstable", "besteffort"):
+            total += _cgroup_s(KUBEPODS / qos / f"pod{uid}")
     return total
 
 
