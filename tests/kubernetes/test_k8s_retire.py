@@ -36,11 +36,16 @@ class Kills:
             raise ConnectionError("agent unreachable")
 
 
+async def running(b: Any, sid: str) -> None:
+    """A sandbox made by `b`, and in its watch's view."""
+    await b.create(spec(sid))
+    await until(lambda: sid in b._pods)
+
+
 async def test_a_retired_sandbox_is_gone_at_once_and_its_pod_once_quiet(tmp_path: Path) -> None:
     async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
         b = make()
-        await b.create(spec("sb-r1"))
-        await until(lambda: "sb-r1" in b._pods)
+        await running(b, "sb-r1")
         kill = Kills()
         t0 = time.monotonic()
         assert await b.retire("sb-r1", kill) and kill.calls == 1
@@ -57,8 +62,7 @@ async def test_a_retired_sandbox_is_gone_at_once_and_its_pod_once_quiet(tmp_path
 async def test_busy_keeps_the_pod_until_quiet_or_old(tmp_path: Path) -> None:
     async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
         b = make(reap_after_s=2.0)
-        await b.create(spec("sb-r2"))
-        await until(lambda: "sb-r2" in b._pods)
+        await running(b, "sb-r2")
         assert await b.retire("sb-r2", Kills())
         t0 = time.monotonic()
         while "orchard-sb-r2" in api.pods(NS):  # a create or delete every 0.1 s
@@ -71,8 +75,7 @@ async def test_busy_keeps_the_pod_until_quiet_or_old(tmp_path: Path) -> None:
 async def test_deleted_outright_where_it_cannot_wait(tmp_path: Path) -> None:
     async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
         off = make(defer_deletes=False)
-        await off.create(spec("sb-r3"))
-        await until(lambda: "sb-r3" in off._pods)
+        await running(off, "sb-r3")
         kill = Kills()
         assert not await off.retire("sb-r3", kill) and kill.calls == 0
         b = make()
@@ -92,8 +95,7 @@ async def test_deleted_outright_where_it_cannot_wait(tmp_path: Path) -> None:
 async def test_another_replica_removes_what_a_dead_one_retired(tmp_path: Path) -> None:
     async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
         a, other = make(reap_after_s=0.2), make(reap_after_s=0.2)
-        await a.create(spec("sb-r4"))
-        await until(lambda: "sb-r4" in a._pods)
+        await running(a, "sb-r4")
         await other.list()
         a.retired.busy()
         assert await a.retire("sb-r4", Kills())
@@ -110,8 +112,7 @@ async def test_another_replica_removes_what_a_dead_one_retired(tmp_path: Path) -
 async def test_a_replica_that_stops_deletes_what_it_retired(tmp_path: Path) -> None:
     async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
         b = make(reap_after_s=600)
-        await b.create(spec("sb-r7"))
-        await until(lambda: "sb-r7" in b._pods)
+        await running(b, "sb-r7")
         b.retired.busy()
         assert await b.retire("sb-r7", Kills())
         assert "orchard-sb-r7" in api.pods(NS)
@@ -122,8 +123,7 @@ async def test_a_replica_that_stops_deletes_what_it_retired(tmp_path: Path) -> N
 async def test_a_create_the_quota_refuses_removes_retired_pods_first(tmp_path: Path) -> None:
     async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
         b = make(reap_after_s=600)
-        await b.create(spec("sb-r5"))
-        await until(lambda: "sb-r5" in b._pods)
+        await running(b, "sb-r5")
         assert await b.retire("sb-r5", Kills())
         await until(lambda: "sb-r5" in b.retired.seen)
         b.retired.busy()

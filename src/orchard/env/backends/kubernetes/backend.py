@@ -687,7 +687,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                 await self._watch_task
             self._watch_task = None
         await self.nodes.close()
-        await self.retired.close()  # what it has not deleted: reconcile's (retire.py)
+        await self.retired.close()  # the pods it retired, deleted first (retire.py)
         await self._close_pools()  # warm pools (pools.py)
         if self.replicas is not None:
             await self.replicas.close()  # its lease: gone with it
