@@ -201,6 +201,27 @@ async def test_exec_shell_argv_env_cwd_stdin_timeout(host_agent: HostAgent) -> N
         assert r.exit_code == 128 + 9 and r.signal is not None
 
 
+async def test_a_first_call_precedes_every_other_once(host_agent: HostAgent) -> None:
+    """A claimed sandbox's defaults (Kubernetes: written on the pod, told by whichever
+    replica serves it first) reach the agent before its first command, exactly once; a
+    failing one fails the calls after it until it succeeds."""
+    wd = str(host_agent.state_dir)
+    async with client_for(host_agent) as agent:
+        agent.first("PUT", "/defaults", json.dumps({"user": "no-such-user-here"}))
+        for _ in range(2):  # tried again on the next call, not remembered as failed
+            with pytest.raises(BadRequest, match="unknown user"):
+                await agent.exec("true")
+        told = json.dumps({"env": {"CLAIMED": "yes"}, "cwd": wd})
+        agent.first("PUT", "/defaults", told)
+        runs = await asyncio.gather(*(agent.exec("pwd; echo $CLAIMED") for _ in range(5)))
+        assert {r.stdout for r in runs} == {f"{wd}\nyes\n"}
+        # Made once: the same first again (as every request of a replica names it) is a
+        # no-op, so defaults set since stay.
+        await agent.request("PUT", "/defaults", json={"env": {"CLAIMED": "later"}})
+        agent.first("PUT", "/defaults", told)
+        assert (await agent.exec("echo $CLAIMED")).stdout == "later\n"
+
+
 async def test_exec_binary_output_and_cap(host_agent: HostAgent) -> None:
     async with client_for(host_agent) as agent:
         r = await agent.exec(["printf", "\\000\\377\\001"], output_encoding="base64")

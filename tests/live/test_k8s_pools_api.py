@@ -30,7 +30,7 @@ from orchard.env.backends.kubernetes.backend import KubernetesBackend
 from orchard.env.backends.kubernetes.pools import SandboxPool
 from orchard.env.backends.pool_claim import Claim
 from orchard.env.config import ServiceConfig
-from orchard.env.errors import Conflict, InvalidRequest
+from orchard.env.errors import BadRequest, Conflict, InvalidRequest
 from orchard.env.models import SandboxCreate
 from orchard.env.models.pool import PoolCreate
 from orchard.env.server import pools_cluster
@@ -177,7 +177,8 @@ async def test_claim_refill_and_the_optimistic_lock(replicas: Replicas, image: s
     first = await cluster.take(target, claim, "test")
     assert first is not None and first.owner == "alice" and first.labels == {"run": "x"}
     assert await cluster.take(target, claim, "test-again") is None
-    # A claim through the service: env told to the agent (two steps), the other pod.
+    # A claim through the service: the other pod, handed over with its env in one write,
+    # then the env told to the agent.
     sb = await svc.create(
         "alice", SandboxCreate(pool="warm", env={"TASK": "42"}, labels={"run": "a"})
     )
@@ -185,7 +186,9 @@ async def test_claim_refill_and_the_optimistic_lock(replicas: Replicas, image: s
     agent = typed(await svc.agent("alice", sb.id))
     assert (await agent.exec("echo $TASK")).stdout == "42\n"
     pod = svc.backend._pods[sb.id]  # type: ignore[attr-defined]
-    assert po.pod_pool(pod) is None and po.A_POOL_STATE not in pod["metadata"]["annotations"]
+    ann = pod["metadata"]["annotations"]
+    assert po.pod_pool(pod) is None and po.A_POOL_STATE not in ann
+    assert json.loads(ann[objs.A_DEFAULTS]) == {"env": {"TASK": "42"}}
     # Empty: cold, with the pool's image; then the refill brings it back to 2.
     cold = await svc.create("alice", SandboxCreate(pool="warm"))
     assert not cold.from_pool and cold.image == image
@@ -198,6 +201,38 @@ async def test_claim_refill_and_the_optimistic_lock(replicas: Replicas, image: s
     for sid in (first.id, sb.id, cold.id):  # claimed: the caller's, not the pool's
         assert (await svc.backend.get(sid)) is not None
         await svc.remove(sid)
+
+
+async def test_a_claim_whose_replica_died_before_telling_the_agent_loses_nothing(
+    replicas: Replicas, image: str
+) -> None:
+    """A claim is one write (owner, labels and the agent's defaults on the pod), then the
+    agent told. A claimer that dies between the two leaves a pod whose defaults any
+    replica tells the agent before its first use; a claim the agent refuses (an unknown
+    user) is the caller's error and its pod goes."""
+    one, two = await replicas(2)
+    await until(lambda: len(leaders([one, two])) == 1, 15, "one refiller")
+    await one.pools.create("alice", PoolCreate(name="half", image=image, size=2))
+    await ready(two, "half", 2)
+    cluster = manager(one).cluster
+    member = cluster.members("alice", "half")[0]
+    told = json.dumps({"env": {"TASK": "7"}, "cwd": "/tmp"})
+    claim = Claim(owner="alice", expires_at=time.time() + 300, agent_defaults=told)
+    dead = await cluster.take(member, claim, "a-replica-that-died")  # its write, no tell
+    assert dead is not None and dead.agent_defaults == told
+    await until(lambda: two.record(dead.id) is not None, 10, "the other replica's watch")
+    agent = typed(await two.agent("alice", dead.id))
+    assert (await agent.exec("pwd; echo $TASK")).stdout == "/tmp\n7\n"
+
+    with pytest.raises(BadRequest, match="unknown user"):
+        await two.create("alice", SandboxCreate(pool="half", user="no-such-user"))
+
+    async def only_the_dead_ones() -> bool:  # the refused claim's pod is not alice's
+        return [r.id for r in await one.backend.list() if r.owner == "alice"] == [dead.id]
+
+    await until(only_the_dead_ones, 30, "the refused claim's pod to go")
+    await one.remove(dead.id)
+    await one.pools.delete("alice", "half")
 
 
 async def test_two_replicas_race_claims_none_handed_out_twice(

@@ -85,6 +85,10 @@ class SandboxRecord:
     # The latest activity another replica may have seen (backends shared by replicas):
     # the idle clock runs from the later of this and the service's own.
     active_at: float | None = None
+    # What the agent must be told before the sandbox's first use (AgentDefaults' JSON): a
+    # claim on a backend shared by replicas writes it on the sandbox in its one write, and
+    # each replica's connection sends it first (PUT /defaults: the same values again if told).
+    agent_defaults: str | None = None
 
 
 class Backend(Protocol):

@@ -26,6 +26,7 @@ class Claim:
     labels: dict[str, str] = field(default_factory=dict)
     idle_timeout_s: float | None = None
     default_user: str | None = None  # None: keep the pool's
+    agent_defaults: str | None = None  # kubernetes: written with the claim (SandboxRecord)
 
 
 @runtime_checkable

@@ -164,6 +164,9 @@ class AgentClient:
         self._probing: asyncio.Task[bool] | None = None
         self._verdict = (-VERDICT_S, True)  # (when, alive)
         self._held = 0  # > 0 while the service itself has the sandbox frozen (`held`)
+        self._first: tuple[str, str, str] | None = None  # see `first`
+        self._firsts_made: set[tuple[str, str, str]] = set()
+        self._settling: asyncio.Future[None] | None = None
 
     def _new_pool(self, max_connections: int) -> AsyncPool:
         opts: dict[str, Any] = {
@@ -203,6 +206,40 @@ class AgentClient:
             )
         return AgentUnavailable(f"agent at {self._where()} is not reachable: {exc!r}")
 
+    # ------------------------------------------------------------ a call before all others
+
+    def first(self, method: str, path: str, body: str) -> None:
+        """Make this call (a JSON body) before any other through this client, once: a
+        claimed sandbox's defaults (PUT /defaults), which must reach the agent before the
+        sandbox's first command whichever replica serves it. A no-op once made."""
+        call = (method, path, body)
+        if call not in self._firsts_made:
+            self._first = call
+
+    async def settle(self) -> None:
+        """Make the call `first` named, if not made yet (one for all waiting callers);
+        its failure is each caller's error, and the next call tries again."""
+        while self._first is not None:
+            task = self._settling
+            if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+                task = self._settling = asyncio.ensure_future(self._make_first(self._first))
+            await asyncio.shield(task)
+
+    async def _make_first(self, call: tuple[str, str, str]) -> None:
+        method, path, body = call
+        target, request = self._request(
+            path, {"content": body.encode(), "headers": [("Content-Type", "application/json")]}
+        )
+        try:
+            resp = await self._pool.send(method, target, **request)
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
+        if resp.status_code >= 400:
+            raise error_of(resp.status_code, resp.content)
+        self._firsts_made.add(call)
+        if self._first == call:
+            self._first = None
+
     # ------------------------------------------------------------ the generic path
 
     async def send(
@@ -220,6 +257,8 @@ class AgentClient:
         :param stream: leave the body unread (then `aclose()` the response)
         :return: the agent's answer; only a failure to reach it raises (AgentUnavailable)
         """
+        if self._first is not None:
+            await self.settle()
         target, request = self._request(path, opts)
         try:
             with _Watch(self):
@@ -230,6 +269,8 @@ class AgentClient:
     async def call(self, method: str, path: str, **opts: Unpack[Options]) -> Answer:
         """As `send`, the answer read whole into a plain `Answer` (status, raw headers,
         content): the relay's hot path, which passes the bytes on as they are."""
+        if self._first is not None:
+            await self.settle()
         target, request = self._request(path, opts)
         try:
             with _Watch(self):

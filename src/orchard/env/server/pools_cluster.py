@@ -284,7 +284,7 @@ class ClusterPoolManager(PoolManager):
         self, rec: PoolRecord, member: PoolMember, spec: SandboxSpec, req: SandboxCreate
     ) -> Sandbox | None:
         defaults = AgentDefaults(env=spec.env or None, cwd=spec.workdir, user=spec.user)
-        tell_agent = bool(defaults.env or defaults.cwd or defaults.user)
+        told = defaults.model_dump_json(exclude_none=True)
         network = "network" in req.model_fields_set and spec.network != NetworkPolicy(**rec.network)
         claim = Claim(
             owner=spec.owner,
@@ -292,42 +292,32 @@ class ClusterPoolManager(PoolManager):
             labels=dict(spec.labels),
             idle_timeout_s=spec.idle_timeout_s,
             default_user=spec.user,
+            agent_defaults=None if told == "{}" else told,
         )
-        one_step = not tell_agent and not network
-        got = await self.cluster.take(member, claim if one_step else None, self.identity)
+        # One write hands the pod over, the agent's defaults with it; another egress must be
+        # in force first, so the winning write then only marks the pod `claiming`.
+        got = await self.cluster.take(member, None if network else claim, self.identity)
         if got is None:
             return None  # another claim won it (or it went): the next one
-        if not one_step:
-            try:
-                if network:
-                    await self.svc.backend.set_network(got.id, spec.network)
-                # The agent told and the pod handed over at once: if telling fails, the
-                # sandbox goes before anyone learnt its id.
-                handed, told = await asyncio.gather(
-                    self.cluster.hand_over(got.id, claim),
-                    self._tell(got, defaults) if tell_agent else asyncio.sleep(0),
-                    return_exceptions=True,
-                )
-                for r in (told, handed):
-                    if isinstance(r, BaseException):
-                        raise r
-                assert isinstance(handed, SandboxRecord)
-                got = handed
-            except OrchardError as e:
-                await self._discard(got.id)
-                if e.status < 500:  # the request's fault (an unknown user, a bad folder)
-                    raise
-                log.warning("pool %s: claim of %s failed: %r", rec.name, got.id, e)
-                return None
-            except asyncio.CancelledError:  # the client went away: undone, as a create is
-                await asyncio.shield(self._discard(got.id))
+        try:
+            if network:
+                await self.svc.backend.set_network(got.id, spec.network)
+                got = await self.cluster.hand_over(got.id, claim)
+            # Told before the answer, so a bad user or folder fails the claim; if this
+            # replica dies first, whichever serves the sandbox tells it (AgentClient.first).
+            await self.svc.connection(got).settle()
+        except OrchardError as e:
+            await self._discard(got.id)
+            if e.status < 500:  # the request's fault (an unknown user, a bad folder)
                 raise
+            log.warning("pool %s: claim of %s failed: %r", rec.name, got.id, e)
+            return None
+        except asyncio.CancelledError:  # the client went away: undone, as a create is
+            await asyncio.shield(self._discard(got.id))
+            raise
         self.svc.remember(got)
         self.svc.touch(got.id)  # the idle clock starts at the claim
         return self.svc.to_model(got).model_copy(update={"from_pool": True})
-
-    async def _tell(self, rec: SandboxRecord, defaults: AgentDefaults) -> None:
-        await self.svc.connection(rec).request("PUT", "/defaults", json=defaults)
 
     # ------------------------------------------------------------ refill (the lease holder)
 

@@ -505,6 +505,8 @@ class SandboxService:
                 base_url=None if ep.socket_path else ep.base_url,
                 token=self.config.agent_token(rec.id),
             )
+        if rec.agent_defaults:  # a claim on a shared backend (SandboxRecord)
+            conn.first("PUT", "/defaults", rec.agent_defaults)
         return conn
 
     def remember(self, rec: SandboxRecord) -> None:

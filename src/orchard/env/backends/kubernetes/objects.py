@@ -50,6 +50,7 @@ A_CREATING = f"{GROUP}/creating-by"
 A_ACTIVE = f"{GROUP}/active-at"
 # Deleted, its processes killed, its pod left for a quiet moment (retire.py): no sandbox.
 A_RETIRED = f"{GROUP}/retired-at"
+A_DEFAULTS = f"{GROUP}/agent-defaults"  # a claim's env, cwd, user (SandboxRecord)
 
 AGENT_DIR = "/.orchard"
 AGENT_PATH = f"{AGENT_DIR}/orchard-agent"
@@ -539,6 +540,7 @@ def record_from_pod(pod: Mapping[str, Any], opts: KubernetesOptions) -> SandboxR
         default_user=ann.get(A_USER) or None,
         active_at=_active_at(ann),
         volumes=decode_mounts(ann.get(A_VOLUMES)),
+        agent_defaults=ann.get(A_DEFAULTS) or None,
     )
 
 

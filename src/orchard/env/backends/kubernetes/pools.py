@@ -87,6 +87,7 @@ def claim_annotations(claim: Claim, now: float) -> dict[str, str | None]:
         po.A_POOL_STATE: None,
         po.A_CLAIMING: None,
         po.A_CLAIMED_BY: None,
+        objs.A_DEFAULTS: claim.agent_defaults,
     }
     if claim.default_user is not None:
         ann[objs.A_USER] = claim.default_user
