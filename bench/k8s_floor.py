@@ -34,6 +34,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 
 from orchard import Orchard
 from orchard.env.backends.base import SandboxSpec
+from orchard.env.backends.binaries import locate_agent_binary
 from orchard.env.backends.kubernetes import agent_parts
 from orchard.env.backends.kubernetes.agent_parts import AgentParts
 from orchard.env.backends.kubernetes.objects import (
@@ -98,7 +99,22 @@ def orchard_pod(
     return pod
 
 
-SHAPES = ("bare", "policy", "orchard-volumes", "orchard-pod")
+SHAPES = ("bare", "policy", "orchard-volumes", "orchard-pod", "orchard-hostpath")
+# `orchard-hostpath`: what the agent's delivery costs. The same pod, the agent run straight
+# from a node folder instead of the projected ConfigMaps and the loader's memfd. Trial
+# cluster only (its nodes are this machine, and the bench copies the agent there), and
+# not a delivery Orchard offers: Pod Security `baseline`, which sandbox namespaces enforce,
+# refuses hostPath volumes (docs/kubernetes.md, "Against the kubelet").
+HOSTPATH = "/var/lib/orchard-bench-agent"
+
+
+def place_agent_on_node() -> None:
+    folder = Path(HOSTPATH)
+    folder.mkdir(mode=0o755, exist_ok=True)
+    tmp = folder / ".orchard-agent.tmp"
+    tmp.write_bytes(locate_agent_binary().read_bytes())
+    tmp.chmod(0o555)
+    tmp.rename(folder / "orchard-agent")
 
 
 async def namespace_for(
@@ -113,6 +129,8 @@ async def namespace_for(
     if shape != "bare":  # and its namespace's deny-all policy (tenants.py makes it)
         await client.create(codecs.from_dict(build_baseline_policy(opts)))
     agent = agent_parts.load() if opts.agent_delivery == "configmap" else None
+    if shape == "orchard-hostpath":
+        place_agent_on_node()
     if shape.startswith("orchard") and agent is not None:  # as the service makes them, once
         for cm in agent.configmaps(ns, {}):
             await client.create(codecs.from_dict(cm))
@@ -120,6 +138,18 @@ async def namespace_for(
     def make(name: str) -> dict[str, Any]:
         if shape == "orchard-pod":
             return orchard_pod(name, ns, image, opts, agent)
+        if shape == "orchard-hostpath":  # the agent from a node folder (above)
+            pod = orchard_pod(name, ns, image, opts, agent)
+            c = pod["spec"]["containers"][0]
+            c["command"] = [f"{HOSTPATH}/orchard-agent"]
+            for v in pod["spec"]["volumes"]:
+                if v["name"] == agent_parts.VOLUME:
+                    v.pop("projected")
+                    v["hostPath"] = {"path": HOSTPATH, "type": "Directory"}
+            for m in c["volumeMounts"]:
+                if m["name"] == agent_parts.VOLUME:
+                    m["mountPath"] = HOSTPATH
+            return pod
         if shape == "orchard-volumes":  # its volumes and mounts, but `sleep`: no agent
             pod = orchard_pod(name, ns, image, opts, agent)
             pod["spec"]["containers"][0].update(command=["sleep", "3600"], args=[])
