@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -27,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orchard.env.backends.base import AgentEndpoint
 from orchard.env.config import ServiceConfig
 from orchard.env.models import SandboxCreate
 from orchard.env.server.service import SandboxService
@@ -193,6 +195,18 @@ async def test_exec_and_files_reach_the_pod_ip_with_the_token(
                 mine = {"Authorization": f"Bearer {config.agent_token(sb.id)}"}
                 ok = await raw.post("/exec", json={"cmd": ["true"]}, headers=mine)
                 assert ok.status_code == 200
+
+            # Another replica that saw the pod before it had an IP (its watch lagging under
+            # load) reads it again rather than failing the call (it answered 500 once).
+            replica = SandboxService(
+                config, make(image_pull_policy="Never", agent_delivery=delivery)
+            )
+            replica._records[sb.id] = dataclasses.replace(
+                rec, state="pending", endpoint=AgentEndpoint()
+            )
+            again = typed(await replica.agent("alice", sb.id))
+            assert (await again.exec("echo $GREETING")).stdout == "hello\n"
+            await replica.stop()
 
             # The agent runs from a sealed memfd (no path the sandbox can write), or from the
             # emptyDir the init container filled; either way the folder is root's, 0755.

@@ -31,6 +31,11 @@ class AgentEndpoint:
     socket_path: str | None = None
     base_url: str | None = None
 
+    @property
+    def known(self) -> bool:
+        """False while a pod has no IP yet (Kubernetes, before it runs)."""
+        return bool(self.socket_path or self.base_url)
+
 
 @dataclass(frozen=True)
 class SandboxSpec:

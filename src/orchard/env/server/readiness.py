@@ -48,3 +48,16 @@ async def wait_ready(
             raise AgentUnavailable(f"sandbox {sandbox_id}: agent not ready after {timeout_s:g} s")
         await asyncio.sleep(delay)
         delay = min(delay * 1.5, max(0.1, (now - started) / 20))
+
+
+async def wait_addressed(
+    fresh: Callable[[], Awaitable[SandboxRecord]], deadline: float, timeout_s: float
+) -> SandboxRecord:
+    """A sandbox whose record has no agent address: another replica's create, seen by this
+    one before its pod had an IP (a watch that lags under load). Its state read fresh until
+    it has one, at most every STATE_EVERY_S."""
+    while not (rec := await fresh()).endpoint.known:
+        if time.monotonic() >= deadline:
+            raise AgentUnavailable(f"sandbox {rec.id}: no address after {timeout_s:g} s")
+        await asyncio.sleep(STATE_EVERY_S)
+    return rec

@@ -44,7 +44,7 @@ from orchard.env.server.agent_client import AgentClient
 from orchard.env.server.metrics import Metrics
 from orchard.env.server.pools import check_not_batch
 from orchard.env.server.pools_cluster import pool_manager
-from orchard.env.server.readiness import wait_ready
+from orchard.env.server.readiness import wait_addressed, wait_ready
 from orchard.env.server.sizing import no_limit, parse_memory, size
 from orchard.env.server.state import expire_snapshots, paused_error, spec_from_snapshot
 from orchard.env.server.volumes import expire_volumes, resolve_mounts
@@ -499,7 +499,8 @@ class SandboxService:
     def _conn(self, rec: SandboxRecord) -> AgentClient:
         conn = self._conns.get(rec.id)
         if conn is None:
-            ep = rec.endpoint
+            if not (ep := rec.endpoint).known:
+                raise AgentUnavailable(f"sandbox {rec.id} has no address yet: try again")
             conn = self._conns[rec.id] = AgentClient(
                 socket_path=ep.socket_path,
                 base_url=None if ep.socket_path else ep.base_url,
@@ -561,8 +562,13 @@ class SandboxService:
         """The agent connection for a per-sandbox request: checks ownership, marks activity."""
         rec = await self._live(owner, sandbox_id)
         self.touch(sandbox_id)
+        deadline = time.monotonic() + self.config.ready_timeout_s
+        if not rec.endpoint.known:  # seen here before its pod had an IP (readiness.py)
+            fresh = functools.partial(self._live, owner, sandbox_id, fresh=True)
+            rec = await wait_addressed(fresh, deadline, self.config.ready_timeout_s)
+            self._pending.add(rec.id)  # and maybe before its agent answers
         if rec.id in self._pending:
-            rec = await self._wait_ready(rec, time.monotonic() + self.config.ready_timeout_s)
+            rec = await self._wait_ready(rec, deadline)
         return self._conn(rec)
 
     async def agent_failed(self, owner: str, sandbox_id: str, exc: Exception) -> OrchardError:
