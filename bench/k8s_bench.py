@@ -42,6 +42,11 @@ def main(cleanup: common.Cleanup) -> int:
     ap.add_argument("--create-n", type=int, default=200)
     ap.add_argument("--create-concurrency", type=int, default=200)
     ap.add_argument("--only", default="create,pools", help="create, pools, or both")
+    ap.add_argument(
+        "--cpu-request",
+        help="the sandboxes' cpu request in cores, on both sides (default: the overlay's "
+        "0.01; 0.005 lets N = 200 fit a 2-core node)",
+    )
     k8s_pools.add_args(ap)
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -49,7 +54,10 @@ def main(cleanup: common.Cleanup) -> int:
     out: dict[str, Any] = {"args": vars(args)}
     md: list[str] = []
     t0 = time.monotonic()
-    with deployed(kube, SETTINGS) as svc:
+    settings = dict(SETTINGS)
+    if args.cpu_request:
+        settings["ORCHARD_K8S_DEFAULT_CPU"] = args.cpu_request
+    with deployed(kube, settings) as svc:
         out["deploy_s"] = time.monotonic() - t0
         key = svc.keys["alice"]
         if "create" in only:

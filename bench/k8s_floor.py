@@ -52,7 +52,11 @@ RESOURCES = {
 }
 
 
-def bare_pod(name: str, namespace: str, image: str) -> dict[str, Any]:
+def bare_pod(name: str, namespace: str, image: str, cpu: str | None = None) -> dict[str, Any]:
+    """A plain `sleep` pod; `cpu`: its cpu request in cores (default RESOURCES', 10m)."""
+    resources = RESOURCES
+    if cpu:
+        resources = {**RESOURCES, "requests": {**RESOURCES["requests"], "cpu": cpu}}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -68,7 +72,7 @@ def bare_pod(name: str, namespace: str, image: str) -> dict[str, Any]:
                     "image": image,
                     "imagePullPolicy": "IfNotPresent",
                     "command": ["sleep", "3600"],
-                    "resources": RESOURCES,
+                    "resources": resources,
                 }
             ],
         },
@@ -154,7 +158,7 @@ async def namespace_for(
             pod = orchard_pod(name, ns, image, opts, agent)
             pod["spec"]["containers"][0].update(command=["sleep", "3600"], args=[])
             return pod
-        pod = bare_pod(name, ns, image)
+        pod = bare_pod(name, ns, image, str(opts.default_cpu))  # as the sandboxes ask
         if shape == "policy":  # selected by the deny-all policy, as a sandbox is
             pod["metadata"]["labels"].update(selector(opts))
         return pod
