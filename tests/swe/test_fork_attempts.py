@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +27,7 @@ from orchard.env.config import ServiceConfig
 from orchard.swe import runner
 from orchard.swe.grading import Prediction, grade
 from orchard.swe.harness import load_config
-from orchard.swe.prepare import Preparer
+from orchard.swe.prepare import Preparer, RunStopped
 from orchard.swe.tasks import SAMPLE_DIR, Task
 from tests.swe.conftest import embedded_client
 
@@ -95,6 +96,23 @@ def test_attempts_share_one_setup_and_are_isolated(client: Orchard, task: Task) 
         finally:
             for sb in attempts:
                 sb.delete(missing_ok=True)
+
+
+def test_a_stopped_run_starts_no_attempt_even_after_waiting_for_a_setup(
+    client: Orchard, task: Task
+) -> None:
+    """Ctrl-C sets the run's stop: an attempt not yet started (or waiting for another
+    attempt's set-up of its task) starts nothing, so the run ends without new sandboxes."""
+    stop = threading.Event()
+    with Preparer(client) as prep, ThreadPoolExecutor(1) as pool:
+        with prep._task_lock(IID):  # another attempt is setting the task up ...
+            waiting = pool.submit(prep.start, task, labels=LABELS, stop=stop)
+            stop.set()  # ... when Ctrl-C comes
+        with pytest.raises(RunStopped):
+            waiting.result(timeout=30)
+        with pytest.raises(RunStopped):
+            prep.start(task, labels=LABELS, stop=stop)
+        assert prep.setups == {} and client.sandboxes.list(labels=LABELS) == []
 
 
 def test_a_forked_attempt_is_graded_as_a_fresh_one(client: Orchard, task: Task) -> None:

@@ -72,13 +72,24 @@ class Preparer:
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
-    def start(self, task: Task, *, labels: dict[str, str], timeout_s: float = 7200) -> Sandbox:
-        """A sandbox in the task's prepared state, isolated from every other attempt's."""
+    def start(
+        self,
+        task: Task,
+        *,
+        labels: dict[str, str],
+        timeout_s: float = 7200,
+        stop: threading.Event | None = None,
+    ) -> Sandbox:
+        """A sandbox in the task's prepared state, isolated from every other attempt's.
+        `stop` (a batch's Ctrl-C): raises RunStopped instead of starting anything, also
+        after waiting for another attempt's set-up of the same task."""
+        _check(stop)
         if not task.setup_script:
             return self.client.sandboxes.create(task.image, labels=labels, timeout_s=timeout_s)
         if not self.fork:
             return self._fresh(task, labels, timeout_s)
         with self._task_lock(task.instance_id):
+            _check(stop)
             snap = self._snapshots.get(task.instance_id)
             if snap is None and self.fork:
                 sb = self._fresh(task, labels, timeout_s)
@@ -144,6 +155,15 @@ def _stderr(line: str) -> None:
     Console(stderr=True).print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
+class RunStopped(Exception):
+    """The batch was stopped (Ctrl-C) before this attempt's sandbox was started."""
+
+
+def _check(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise RunStopped("the run was stopped")
+
+
 def prepared_sandbox(
     client: Orchard,
     task: Task,
@@ -151,8 +171,9 @@ def prepared_sandbox(
     *,
     preparer: Preparer | None = None,
     timeout_s: float = 7200,
+    stop: threading.Event | None = None,
 ) -> Sandbox:
     """A prepared sandbox from `preparer`, else a fresh one that runs the set-up itself."""
     return (preparer or Preparer(client, fork=False)).start(
-        task, labels=labels, timeout_s=timeout_s
+        task, labels=labels, timeout_s=timeout_s, stop=stop
     )

@@ -105,7 +105,7 @@ def attempt(
     error = None
     try:
         labels = {"swe": "agent", **run.labels}
-        with prepared_sandbox(run.client, task, labels, preparer=preparer) as sb:
+        with prepared_sandbox(run.client, task, labels, preparer=preparer, stop=run.stop) as sb:
             env = SandboxEnv(sb, task.workdir, config.env)
             traj_path = out / f"{task.instance_id}.traj.json"
             traj = run_agent(task, model, env, config, traj_path, stop=run.stop)

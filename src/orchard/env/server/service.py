@@ -562,13 +562,13 @@ class SandboxService:
         """The agent connection for a per-sandbox request: checks ownership, marks activity."""
         rec = await self._live(owner, sandbox_id)
         self.touch(sandbox_id)
-        deadline = time.monotonic() + self.config.ready_timeout_s
         if not rec.endpoint.known:  # seen here before its pod had an IP (readiness.py)
             fresh = functools.partial(self._live, owner, sandbox_id, fresh=True)
+            deadline = time.monotonic() + self.config.ready_timeout_s
             rec = await wait_addressed(fresh, deadline, self.config.ready_timeout_s)
             self._pending.add(rec.id)  # and maybe before its agent answers
         if rec.id in self._pending:
-            rec = await self._wait_ready(rec, deadline)
+            rec = await self._wait_ready(rec, time.monotonic() + self.config.ready_timeout_s)
         return self._conn(rec)
 
     async def agent_failed(self, owner: str, sandbox_id: str, exc: Exception) -> OrchardError:
