@@ -393,6 +393,34 @@ func TestStartupRefusals(t *testing.T) {
 	}
 }
 
+// TestOwnDirClosed: --own-dir makes a world-writable folder (a fresh emptyDir) 0755 before
+// the agent serves, and a path that is not a folder stops the start.
+func TestOwnDirClosed(t *testing.T) {
+	own := t.TempDir()
+	if err := os.Chmod(own, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	startAgent(t, agentOpts{args: []string{"--own-dir", own}})
+	st, err := os.Stat(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o755 {
+		t.Fatalf("own folder mode %o, want 755", st.Mode().Perm())
+	}
+	file := filepath.Join(own, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(agentBin, "--socket", filepath.Join(own, "a.sock"), "--own-dir", file)
+	cmd.Env = append(proc.ScrubbedEnv(os.Environ()), "ORCHARD_AGENT_TOKEN=x")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "not a folder") {
+		t.Fatalf("want exit 1 for a file as own folder, got %v: %s", err, out)
+	}
+}
+
 func TestCPUsSetMaxProcs(t *testing.T) {
 	for _, c := range []struct {
 		cpus string

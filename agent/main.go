@@ -43,6 +43,7 @@ type config struct {
 	socket    string
 	token     string
 	spillDir  string
+	ownDir    string // closed to root's 0755 at start (a pod's emptyDir; see usage)
 	maxOutput int
 	user      string
 	logFile   string
@@ -225,6 +226,26 @@ func listenUnix(path string) (net.Listener, error) {
 
 func main() { os.Exit(run(os.Args[1:])) }
 
+// closeOwnDir makes dir root's and 0755: a Kubernetes emptyDir starts 0777, where any
+// sandbox user could plant files beside the agent's. Not following a symlink: nothing
+// else has run in the sandbox yet, but the folder is the pod's, not the agent's.
+func closeOwnDir(dir string) error {
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("own folder: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("own folder %s is not a folder", dir)
+	}
+	if err := os.Lchown(dir, 0, 0); err != nil {
+		return fmt.Errorf("own folder: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("own folder: %w", err)
+	}
+	return nil
+}
+
 // spareThreads OS threads are made at start and kept idle by the Go runtime, so a fork
 // bomb that takes every pid of the sandbox's limit cannot leave the agent unable to start
 // the thread a blocking syscall needs (the runtime exits when thread creation fails).
@@ -284,7 +305,14 @@ func run(args []string) int {
 	}
 	r := proc.NewReaper(true)
 	a := newAgent(cfg, r)
-	// Made now, before any command runs, so no sandbox user can prepare the path first.
+	// Closed, then the spill folder made in it, before any command runs, so no sandbox
+	// user can plant or swap a path first.
+	if cfg.ownDir != "" {
+		if err := closeOwnDir(cfg.ownDir); err != nil {
+			log.Print(err)
+			return 1
+		}
+	}
 	if err := a.spill.Prepare(); err != nil {
 		log.Printf("spill folder: %v (truncated outputs will not be saved)", err)
 	}

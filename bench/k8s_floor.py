@@ -38,6 +38,7 @@ from orchard.env.backends.binaries import locate_agent_binary
 from orchard.env.backends.kubernetes import agent_parts
 from orchard.env.backends.kubernetes.agent_parts import AgentParts
 from orchard.env.backends.kubernetes.objects import (
+    AGENT_BIN_DIR,
     KubernetesOptions,
     build_pod,
     selector,
@@ -103,7 +104,7 @@ def orchard_pod(
     return pod
 
 
-SHAPES = ("bare", "policy", "orchard-volumes", "orchard-pod", "orchard-hostpath")
+SHAPES = ("bare", "policy", "orchard-volumes", "orchard-pod", "orchard-hostpath", "orchard-image")
 # `orchard-hostpath`: what the agent's delivery costs. The same pod, the agent run straight
 # from a node folder instead of the projected ConfigMaps and the loader's memfd. Trial
 # cluster only (its nodes are this machine, and the bench copies the agent there), and
@@ -153,6 +154,15 @@ async def namespace_for(
             for m in c["volumeMounts"]:
                 if m["name"] == agent_parts.VOLUME:
                     m["mountPath"] = HOSTPATH
+            return pod
+        if shape == "orchard-image":  # the agent from an image volume (experiment)
+            pod = orchard_pod(name, ns, image, opts, agent)
+            c = pod["spec"]["containers"][0]
+            c["command"] = [f"{AGENT_BIN_DIR}/orchard-agent"]
+            for v in pod["spec"]["volumes"]:
+                if v["name"] == agent_parts.VOLUME:
+                    v.pop("projected")
+                    v["image"] = {"reference": opts.injector_image, "pullPolicy": "IfNotPresent"}
             return pod
         if shape == "orchard-volumes":  # its volumes and mounts, but `sleep`: no agent
             pod = orchard_pod(name, ns, image, opts, agent)

@@ -32,6 +32,9 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 
 K8S_VERSION=1.34.4
 KUBE_ROUTER_VERSION=2.1.0
+# containerd 2.1+ mounts image volumes (`volumes[].image`), which deliver Orchard's agent to
+# each pod read-only from one shared copy; Debian's 1.6 cannot, so it is built too.
+CONTAINERD_VERSION=2.2.9
 LOCAL_PATH_VERSION=0.0.30
 CACHE="${ORCHARD_CLUSTER_CACHE:-/var/cache/orchard/cluster}"
 STATE="${ORCHARD_CLUSTER_STATE:-/var/lib/orchard-cluster}"
@@ -63,6 +66,10 @@ build_key() { cat "$HERE/build/go.mod" "$HERE/build/go.sum" "$HERE/build/pause/m
 BIN="$CACHE/k8s-v$K8S_VERSION-$(build_key)"
 KR_BIN="$CACHE/kube-router-v$KUBE_ROUTER_VERSION"
 LP_BIN="$CACHE/local-path-provisioner-v$LOCAL_PATH_VERSION"
+CTRD_BIN="$CACHE/containerd-v$CONTAINERD_VERSION"
+# Every containerd, shim and ctr this script starts is the built one (the shim is found on
+# PATH); Debian's package stays installed for runc's sake.
+export PATH="$CTRD_BIN:$PATH"
 PKI="$STATE/pki"
 KCFG="$STATE/kubeconfig"
 LOGS="$STATE/logs"
@@ -115,6 +122,17 @@ build_local_path() {
   rm -rf "$LP_BIN" && mv "$LP_BIN.tmp" "$LP_BIN"
 }
 
+build_containerd() {
+  log "building containerd v$CONTAINERD_VERSION into $CTRD_BIN (once)"
+  rm -rf "$CTRD_BIN.tmp" && mkdir -p "$CTRD_BIN.tmp"
+  local m=github.com/containerd/containerd/v2
+  (cd /tmp && GOBIN="$CTRD_BIN.tmp" CGO_ENABLED=0 go install -trimpath \
+    -tags "no_btrfs no_devmapper no_zfs" -ldflags "-s -w -X $m/version.Version=v$CONTAINERD_VERSION" \
+    "$m/cmd/containerd@v$CONTAINERD_VERSION" "$m/cmd/containerd-shim-runc-v2@v$CONTAINERD_VERSION" \
+    "$m/cmd/ctr@v$CONTAINERD_VERSION")
+  rm -rf "$CTRD_BIN" && mv "$CTRD_BIN.tmp" "$CTRD_BIN"
+}
+
 cmd_build() {
   command -v go >/dev/null || die "go is not installed"
   local jobs=() j failed=0
@@ -122,6 +140,7 @@ cmd_build() {
   [ -x "$BIN/kubelet" ] || { build_kubernetes & jobs+=($!); }
   [ -x "$KR_BIN/kube-router" ] || { build_kube_router & jobs+=($!); }
   [ -x "$LP_BIN/local-path-provisioner" ] || { build_local_path & jobs+=($!); }
+  [ -x "$CTRD_BIN/containerd" ] || { build_containerd & jobs+=($!); }
   for j in "${jobs[@]}"; do wait "$j" || failed=1; done
   [ "$failed" = 0 ] || die "the build failed (see above)"
   log "binaries: $BIN ($("$BIN/kubectl" version --client 2>/dev/null | head -1))"
@@ -313,6 +332,7 @@ imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 resolvConf: /etc/resolv.conf
 podLogsDir: $4
+featureGates: {ImageVolume: true}
 EOF
 }
 
@@ -388,7 +408,8 @@ start_component() {
       --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
       --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
       --anonymous-auth=false --allow-privileged=false --profiling=false \
-      --kubelet-preferred-address-types InternalIP --event-ttl 30m --v 1
+      --kubelet-preferred-address-types InternalIP --event-ttl 30m --v 1 \
+      --feature-gates ImageVolume=true
     wait_for kube-apiserver 90 curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" \
       --key "$PKI/admin.key" https://127.0.0.1:6443/readyz ;;
   kube-controller-manager)
@@ -407,7 +428,7 @@ start_component() {
       --authorization-kubeconfig "$KCFG/scheduler.kubeconfig" \
       --bind-address 127.0.0.1 --leader-elect=false --v 1 ;;
   containerd)
-    start containerd containerd --config "$STATE/containerd/config.toml"
+    start containerd "$CTRD_BIN/containerd" --config "$STATE/containerd/config.toml"
     wait_for containerd 30 ctr -a "$CTR_SOCK" version ;;
   kubelet)
     own_node "$node" "$NODE_POD_CIDR"

@@ -140,7 +140,7 @@ n2_start_component() {
   local node; node="$(n2_name)"
   case "$1" in
   n2-containerd)
-    n2_start n2-containerd containerd --config "$N2_STATE/containerd.toml"
+    n2_start n2-containerd "$CTRD_BIN/containerd" --config "$N2_STATE/containerd.toml"
     wait_for "node 2's containerd" 30 ctr -a "$N2_SOCK" version ;;
   n2-kubelet)
     own_node "$node" "$N2_POD_CIDR"

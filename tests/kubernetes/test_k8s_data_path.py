@@ -2,7 +2,9 @@
 fake), but each pod it is asked for is started on the Docker engine by DockerKubelet, from
 the pod spec the backend wrote. The agent arrives either way the backend delivers it:
 from the namespace's ConfigMaps (projected read-only into the container, where the real
-loader joins the parts into a memfd and execs the agent), or by the init container, which
+loader joins the parts into a memfd and execs the agent), from the injector image mounted
+read-only (an image volume: here the image's files unpacked into a folder bound read-only,
+where the agent runs in place), or by the init container, which
 copies it with the real injector program out of a `FROM scratch` injector image into a
 shared folder (the emptyDir). The main container runs the user's image with the pod's
 command, args, env, user and capabilities. The container's bridge IP is reported as the pod
@@ -94,9 +96,12 @@ class DockerKubelet:
         empty_dir = self.root / name / spec["volumes"][0]["name"]
         empty_dir.mkdir(parents=True)
         empty_dir.chmod(0o777)  # as a kubelet makes an emptyDir
-        for vol in spec["volumes"][1:]:  # projected ConfigMaps: the agent's parts
-            folder = self.root / name / vol["name"]
+        for vol in spec["volumes"][1:]:  # projected ConfigMaps (the agent's parts), or
+            folder = self.root / name / vol["name"]  # an image volume: the image's files
             folder.mkdir()
+            if "image" in vol:
+                await self._unpack(vol["image"]["reference"], folder)
+                continue
             maps = api.items("configmaps", NS)
             for src in vol["projected"]["sources"]:
                 data = maps[src["configMap"]["name"]]["binaryData"]
@@ -130,6 +135,19 @@ class DockerKubelet:
             ip = info["NetworkSettings"]["IPAddress"]
             await api.run_pod(NS, name, ip)
 
+    async def _unpack(self, image: str, folder: Path) -> None:
+        """The image's files in `folder`, mounted read-only as a runtime mounts an image volume."""
+        cid = await self._docker("create", *self._labels(), image, "none")
+        try:
+            proc = await asyncio.create_subprocess_shell(
+                f"docker export {cid} | tar -x -C {folder}", stderr=subprocess.PIPE
+            )
+            _, err = await proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(f"docker export failed: {err.decode()}")
+        finally:
+            await self._docker("rm", "-f", cid)
+
     async def stop(self, api: FakeKubeAPIServer, pod: Obj) -> None:
         cid = self.containers.pop(pod["metadata"]["name"], None)
         if cid:
@@ -141,7 +159,7 @@ class DockerKubelet:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("delivery", ["configmap", "init"])
+@pytest.mark.parametrize("delivery", ["configmap", "image", "init"])
 async def test_exec_and_files_reach_the_pod_ip_with_the_token(
     tmp_path: Path, injector_image: str, busybox_image: str, delivery: str
 ) -> None:
@@ -215,6 +233,11 @@ async def test_exec_and_files_reach_the_pod_ip_with_the_token(
             if delivery == "configmap":
                 assert exe.startswith("/memfd:orchard-agent"), where.stdout
                 assert "initContainers" not in kubelet.started[0]["spec"]
+            elif delivery == "image":  # in place, from the read-only image
+                assert exe == "/.orchard/bin/orchard-agent", where.stdout
+                assert "initContainers" not in kubelet.started[0]["spec"]
+                denied = await agent.exec("touch /.orchard/bin/x 2>&1 || echo denied")
+                assert "denied" in denied.stdout, denied
             else:
                 assert exe == "/.orchard/orchard-agent", where.stdout
             assert mode == "755:0", where.stdout

@@ -243,6 +243,30 @@ def test_small_default_sandboxes_may_burst() -> None:
     assert exact["requests"] == exact["limits"]
 
 
+def test_image_delivery_runs_the_agent_in_place_from_the_injector_image() -> None:
+    """`image`: the injector image mounted read-only at the agent's bin folder (one copy per
+    node), no init container, and the agent closes its own emptyDir (--own-dir)."""
+    opts = KubernetesOptions(agent_delivery="image", injector_image="reg/inject:2",
+                             image_pull_policy="Never")  # fmt: skip
+    pod = objs.build_pod(spec(cmd=["sleep", "1"]), opts, 1.0)
+    ps = pod["spec"]
+    main = ps["containers"][0]
+    assert "initContainers" not in ps
+    assert main["command"] == [objs.AGENT_BIN_DIR + objs.INJECTOR_AGENT]
+    assert main["args"][:6] == ["--listen", ":9090", "--spill-dir", "/.orchard/spill",
+                                "--own-dir", objs.AGENT_DIR]  # fmt: skip
+    assert main["args"][-3:] == ["--", "sleep", "1"]
+    vol = next(v for v in ps["volumes"] if "image" in v)
+    assert vol["image"] == {"reference": "reg/inject:2", "pullPolicy": "Never"}
+    assert {"name": vol["name"], "mountPath": objs.AGENT_BIN_DIR, "readOnly": True} in main[
+        "volumeMounts"
+    ]
+    for version in ("1.33.0", "1.37.0"):  # image volumes are in the API from 1.31
+        kubernetes_validate.validate(pod, version, strict=True)
+    with pytest.raises(ValueError, match="configmap, image or init"):
+        KubernetesOptions(agent_delivery="sideways")  # type: ignore[arg-type]
+
+
 def test_a_default_cpu_is_not_reported_as_asked() -> None:
     """The record says what the create asked (a snapshot keeps it for its copies); a copy
     told the 10m request as its cpu would be held to it and start ~5x slower."""

@@ -73,19 +73,24 @@ def test_agent_is_injected_into_an_image_that_never_saw_it(
         res = sb.exec("echo hi; id -u; ls /.orchard/bin; readlink /proc/1/exe")
         assert res.exit_code == 0
         lines = res.stdout.split("\n")
-        assert lines[:2] == ["hi", "0"] and "orchard-boot" in lines and "agent.0" in lines
-        assert lines[-2].startswith("/memfd:orchard-agent"), res.stdout  # a sealed memfd
-        # Its parts are read-only and its folder closed: no user can plant or replace a thing.
-        for cmd in ("cp /bin/busybox /.orchard/bin/agent.0", "touch /.orchard/mine"):
-            swap = sb.exec(cmd, user="nobody")
+        assert lines[:2] == ["hi", "0"] and "orchard-agent" in lines
+        # The overlay's `image` delivery: run in place from the injector image, read-only.
+        assert lines[-2] == "/.orchard/bin/orchard-agent", res.stdout
+        # Its image is read-only and its folder closed: no user can plant or replace a thing.
+        for cmd, user in (
+            ("cp /bin/busybox /.orchard/bin/orchard-agent", "nobody"),
+            ("touch /.orchard/bin/x", "root"),
+            ("touch /.orchard/mine", "nobody"),
+        ):
+            swap = sb.exec(cmd, user=user)
             assert swap.exit_code != 0, cmd
             assert "ermission denied" in swap.stderr or "Read-only" in swap.stderr, swap.stderr
         pod = pod_of(sb.id)
         spec = pod["spec"]
         assert isinstance(spec, dict)
-        assert "initContainers" not in spec  # the agent came in the namespace's ConfigMaps
-        assert spec["containers"][0]["command"][0] == "/.orchard/bin/orchard-boot"
-        # The image itself has no agent: it comes from the ConfigMaps.
+        assert "initContainers" not in spec  # the agent came as an image volume
+        assert spec["containers"][0]["command"][0] == "/.orchard/bin/orchard-agent"
+        # The image itself has no agent: it comes from the injector image.
         out = subprocess.run(
             ["docker", "run", "--rm", "--entrypoint", "/bin/sh", sandbox_image, "-c",
              "ls /.orchard 2>&1 || true"], capture_output=True, text=True,

@@ -236,6 +236,7 @@ def test_tenant_namespace_quota_policies_and_guard(
     deny and the agent's ingress; and the service's own rights stop at such namespaces."""
     with deployed.client(OWNER) as c, c.sandboxes.create(sandbox_image, timeout_s=120) as sb:
         assert sb.exec("echo ok").stdout == "ok\n"
+        pod = kget("pod", "-n", capped, f"orchard-{sb.id}")
     ns = kget("namespace", capped)["metadata"]
     assert ns["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
     assert ns["labels"]["orchard.dev/sandboxes"] == "true"
@@ -255,19 +256,28 @@ def test_tenant_namespace_quota_policies_and_guard(
     plain = '{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"orchard-probe"}}'
     denied = kubectl(*sa, "create", "--dry-run=server", "-f", "-", input_text=plain, check=False)
     assert denied.returncode != 0 and "Pod Security" in denied.stderr
-    # The agent came in the namespace's own immutable ConfigMaps, and the service's pods
-    # may project those and no other ConfigMap.
-    agent = kget("configmaps", "-n", capped, "-l", "orchard.dev/agent")["items"]
-    assert len(agent) >= 2 and all(c["immutable"] for c in agent)
-    assert {c["metadata"]["name"].rsplit("-", 1)[-1] for c in agent} >= {"boot", "0"}
+    # The agent came as the injector image, mounted read-only (the overlay's `image`
+    # delivery: no ConfigMaps of the agent's), and the service's pods may mount that image
+    # and the agent's ConfigMaps, and no other image or ConfigMap.
+    injector = kget("configmap", "-n", "orchard-system", "orchard")["data"][
+        "ORCHARD_K8S_INJECTOR_IMAGE"
+    ]
+    assert {"name": "orchard-agent-image", "image": {
+        "reference": injector, "pullPolicy": "IfNotPresent"}} in pod["spec"]["volumes"]  # fmt: skip
+    assert not kget("configmaps", "-n", capped, "-l", "orchard.dev/agent")["items"]
     small = {"cpu": "10m", "memory": "16Mi"}  # the quota wants both named
     box = {"name": "c", "image": sandbox_image, "resources": {"requests": small, "limits": small}}
-    for source, allowed in (("orchard-agent-x-0", True), ("other", False)):
+    projected = {"projected": {"sources": [{"configMap": {"name": "orchard-agent-x-0"}}]}}
+    for volume, allowed in (
+        (projected, True),
+        ({"projected": {"sources": [{"configMap": {"name": "other"}}]}}, False),
+        ({"image": {"reference": injector}}, True),
+        ({"image": {"reference": sandbox_image}}, False),
+    ):
         probe = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
                             "spec": {"containers": [box],  # no token volume either
                                      "automountServiceAccountToken": False,
-                                     "volumes": [{"name": "v", "projected": {"sources": [
-                                         {"configMap": {"name": source}}]}}]}})  # fmt: skip
+                                     "volumes": [{"name": "v", **volume}]}})  # fmt: skip
         out = kubectl(*sa, "-n", capped, "create", "--dry-run=server", "-f", "-",
                       input_text=probe, check=False)  # fmt: skip
         assert (out.returncode == 0) == allowed, out.stderr

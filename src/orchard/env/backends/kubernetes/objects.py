@@ -54,7 +54,8 @@ A_DEFAULTS = f"{GROUP}/agent-defaults"  # a claim's env, cwd, user (SandboxRecor
 
 AGENT_DIR = "/.orchard"
 AGENT_PATH = f"{AGENT_DIR}/orchard-agent"
-AGENT_BIN_DIR = f"{AGENT_DIR}/bin"  # the agent's ConfigMaps, read-only (agent_parts.py)
+AGENT_BIN_DIR = f"{AGENT_DIR}/bin"  # the agent's ConfigMaps or image, read-only
+AGENT_IMAGE_VOLUME = "orchard-agent-image"
 INJECTOR_BINARY = "/orchard-inject"
 INJECTOR_AGENT = "/orchard-agent"
 MAIN_CONTAINER = "sandbox"
@@ -94,9 +95,11 @@ class KubernetesOptions:
     namespace: str = "orchard-sandboxes"
     # How the agent reaches a pod: `configmap`, ConfigMaps the service writes once per
     # namespace from its own copy (agent_parts.py; the service must run on Linux with the
-    # nodes' architecture), or `init`, an init container of `injector_image` per pod
-    # (dearer: one more container per sandbox).
-    agent_delivery: Literal["configmap", "init"] = "configmap"
+    # nodes' architecture); `image`, `injector_image` mounted read-only as an image volume
+    # (the cheapest: one copy per node; needs Kubernetes' ImageVolume and containerd 2.1+
+    # or CRI-O 1.31+); or `init`, an init container of `injector_image` per pod (dearer:
+    # one more container per sandbox).
+    agent_delivery: Literal["configmap", "image", "init"] = "configmap"
     injector_image: str = "orchard/agent-injector:latest"
     instance: str = "default"
     kubeconfig: str | None = None
@@ -168,8 +171,10 @@ class KubernetesOptions:
             raise ValueError("the reap delay must not be negative")
         if self.unschedulable_timeout_s < 0:
             raise ValueError("the unschedulable timeout must not be negative")
-        if self.agent_delivery not in ("configmap", "init"):
-            raise ValueError(f"agent delivery {self.agent_delivery!r} is not configmap or init")
+        if self.agent_delivery not in ("configmap", "image", "init"):
+            raise ValueError(
+                f"agent delivery {self.agent_delivery!r} is not configmap, image or init"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> KubernetesOptions:
@@ -337,6 +342,9 @@ def build_pod(
     cpu = spec.cpu or opts.default_cpu
     memory = spec.memory_bytes or opts.default_memory_bytes
     args = ["--listen", f":{opts.agent_port}", "--spill-dir", f"{AGENT_DIR}/spill"]
+    in_place = agent is None and opts.agent_delivery == "image"
+    if in_place:  # run from the read-only image: the agent itself closes the emptyDir
+        args += ["--own-dir", AGENT_DIR]
     if spec.user:  # the default user of execs and of `cmd`, as the other backends have
         args += ["--user", spec.user]
     if opts.egress_canary not in ("auto", "off"):  # nothing runs before the policy holds
@@ -385,6 +393,11 @@ def build_pod(
         vol = agent.volume()
         mount.append({"name": vol["name"], "mountPath": AGENT_BIN_DIR, "readOnly": True})
         pod_spec["volumes"].append(vol)
+    elif in_place:
+        main["command"] = [AGENT_BIN_DIR + INJECTOR_AGENT]
+        mount.append({"name": AGENT_IMAGE_VOLUME, "mountPath": AGENT_BIN_DIR, "readOnly": True})
+        image = {"reference": opts.injector_image, "pullPolicy": opts.image_pull_policy}
+        pod_spec["volumes"].append({"name": AGENT_IMAGE_VOLUME, "image": image})
     else:
         pod_spec["initContainers"] = [_injector(opts, cpu, cpu_limit, mount)]
     if opts.runtime_class:
