@@ -483,7 +483,9 @@ import_images() {
       continue
     fi
     log "loading $img into the cluster"
-    docker save "$img" | ctr -a "$sock" -n k8s.io images import --no-unpack=false - >/dev/null
+    # (containerd 2.2's ctr warns on each import that cgroup v1 is deprecated: not news here)
+    docker save "$img" | ctr -a "$sock" -n k8s.io images import --no-unpack=false - 2>&1 >/dev/null |
+      { grep -v 'DEPRECATION: The support for cgroup v1' >&2 || true; }
     mkdir -p "$db" && echo "$id" >"$db/$(echo "$full" | tr '/:' '__')"
   done
 }
