@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A real two-node Kubernetes cluster built from source, for trials and `make test-k8s`.
 #
-#   cluster.sh build            build etcd, the Kubernetes components and kube-router once per
-#                               version (cached outside the repository)
+#   cluster.sh build            build etcd, the Kubernetes components, kube-router and containerd
+#                               once per version (cached outside the repository)
 #   cluster.sh up               build if needed, then start the cluster (idempotent); prints
 #                               the kubeconfig path on its last line
 #   cluster.sh down             stop it and remove every process, mount, veth, iptables chain,
@@ -24,7 +24,7 @@
 # Add-ons, as a distribution ships them: rancher's local-path-provisioner (the default
 # StorageClass `local-path`: a folder on the node per PersistentVolumeClaim), and containerd
 # set to pull the in-cluster registry's name over plain HTTP (Orchard's snapshots).
-# Needs root, cgroup v1 or v2, and Debian's containerd, runc, containernetworking-plugins,
+# Needs root, cgroup v1 or v2, and Debian's runc, containernetworking-plugins,
 # iptables, ipset, conntrack, openssl and busybox-static (`cluster.sh up` installs what is
 # missing).
 set -euo pipefail
@@ -149,7 +149,7 @@ cmd_build() {
 # --- packages ------------------------------------------------------------------------------
 ensure_packages() {
   local need=() p
-  for p in containerd runc containernetworking-plugins iptables ipset conntrack openssl iproute2 curl busybox-static; do
+  for p in runc containernetworking-plugins iptables ipset conntrack openssl iproute2 curl busybox-static; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then

@@ -257,8 +257,9 @@ def test_tenant_namespace_quota_policies_and_guard(
     denied = kubectl(*sa, "create", "--dry-run=server", "-f", "-", input_text=plain, check=False)
     assert denied.returncode != 0 and "Pod Security" in denied.stderr
     # The agent came as the injector image, mounted read-only (the overlay's `image`
-    # delivery: no ConfigMaps of the agent's), and the service's pods may mount that image
-    # and the agent's ConfigMaps, and no other image or ConfigMap.
+    # delivery: no ConfigMaps of the agent's), and the service's pods may mount images and
+    # the agent's ConfigMaps, and no other ConfigMap (an image volume may be any image: a
+    # pod may run any image anyway).
     injector = kget("configmap", "-n", "orchard-system", "orchard")["data"][
         "ORCHARD_K8S_INJECTOR_IMAGE"
     ]
@@ -272,7 +273,7 @@ def test_tenant_namespace_quota_policies_and_guard(
         (projected, True),
         ({"projected": {"sources": [{"configMap": {"name": "other"}}]}}, False),
         ({"image": {"reference": injector}}, True),
-        ({"image": {"reference": sandbox_image}}, False),
+        ({"image": {"reference": sandbox_image}}, True),
     ):
         probe = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
                             "spec": {"containers": [box],  # no token volume either
