@@ -38,7 +38,6 @@ from orchard.env.backends.binaries import locate_agent_binary
 from orchard.env.backends.kubernetes import agent_parts
 from orchard.env.backends.kubernetes.agent_parts import AgentParts
 from orchard.env.backends.kubernetes.objects import (
-    AGENT_BIN_DIR,
     KubernetesOptions,
     build_pod,
     selector,
@@ -104,12 +103,15 @@ def orchard_pod(
     return pod
 
 
-SHAPES = ("bare", "policy", "orchard-volumes", "orchard-pod", "orchard-hostpath", "orchard-image")
-# `orchard-hostpath`: what the agent's delivery costs. The same pod, the agent run straight
-# from a node folder instead of the projected ConfigMaps and the loader's memfd. Trial
-# cluster only (its nodes are this machine, and the bench copies the agent there), and
-# not a delivery Orchard offers: Pod Security `baseline`, which sandbox namespaces enforce,
-# refuses hostPath volumes (docs/kubernetes.md, "Against the kubelet").
+SHAPES = ("bare", "policy", "orchard-volumes", "orchard-pod", "orchard-hostpath",
+          "orchard-configmap", "orchard-image")  # fmt: skip
+# `orchard-configmap`, `orchard-image`: Orchard's pod with that agent delivery, whatever the
+# deployed ConfigMap says (`orchard-pod` is as deployed). `orchard-hostpath`: the agent run
+# straight from a node folder instead. Trial cluster only (its nodes are this machine, and
+# the bench copies the agent there), and not a delivery Orchard offers: Pod Security
+# `baseline`, which sandbox namespaces enforce, refuses hostPath volumes
+# (docs/kubernetes.md, "Against the kubelet").
+DELIVERY = {"orchard-configmap": "configmap", "orchard-image": "image"}
 HOSTPATH = "/var/lib/orchard-bench-agent"
 
 
@@ -128,6 +130,8 @@ async def namespace_for(
     """Make `opts.namespace` as a tenant's would be for `shape` (its deny-all policy, the
     agent's ConfigMaps); return the maker of that shape's pods in it."""
     ns = opts.namespace
+    if shape in DELIVERY:
+        opts = replace(opts, agent_delivery=DELIVERY[shape])  # type: ignore[arg-type]
     await client.create(
         codecs.from_dict({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     )
@@ -136,12 +140,13 @@ async def namespace_for(
     agent = agent_parts.load() if opts.agent_delivery == "configmap" else None
     if shape == "orchard-hostpath":
         place_agent_on_node()
+        agent = agent or agent_parts.load()
     if shape.startswith("orchard") and agent is not None:  # as the service makes them, once
         for cm in agent.configmaps(ns, {}):
             await client.create(codecs.from_dict(cm))
 
     def make(name: str) -> dict[str, Any]:
-        if shape == "orchard-pod":
+        if shape in ("orchard-pod", *DELIVERY):
             return orchard_pod(name, ns, image, opts, agent)
         if shape == "orchard-hostpath":  # the agent from a node folder (above)
             pod = orchard_pod(name, ns, image, opts, agent)
@@ -154,15 +159,6 @@ async def namespace_for(
             for m in c["volumeMounts"]:
                 if m["name"] == agent_parts.VOLUME:
                     m["mountPath"] = HOSTPATH
-            return pod
-        if shape == "orchard-image":  # the agent from an image volume (experiment)
-            pod = orchard_pod(name, ns, image, opts, agent)
-            c = pod["spec"]["containers"][0]
-            c["command"] = [f"{AGENT_BIN_DIR}/orchard-agent"]
-            for v in pod["spec"]["volumes"]:
-                if v["name"] == agent_parts.VOLUME:
-                    v.pop("projected")
-                    v["image"] = {"reference": opts.injector_image, "pullPolicy": "IfNotPresent"}
             return pod
         if shape == "orchard-volumes":  # its volumes and mounts, but `sleep`: no agent
             pod = orchard_pod(name, ns, image, opts, agent)
