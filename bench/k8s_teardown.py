@@ -94,6 +94,7 @@ def main(cleanup: common.Cleanup) -> int:
     ap.add_argument("--image", help="the pods' image (default: the busybox test image)")
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--shapes", default="policy,orchard-pod", help="of bench/k8s_floor.py's")
+    ap.add_argument("--cpu-request", help="the sandboxes' cpu request in cores (as k8s_bench.py)")
     args = ap.parse_args()
     kube = Kube(args.kubeconfig)
     docs = list(yaml.safe_load_all(kube.run("kustomize", str(OVERLAY))))
@@ -102,6 +103,8 @@ def main(cleanup: common.Cleanup) -> int:
         for d in docs
         if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "orchard"
     )
+    if args.cpu_request:
+        settings["ORCHARD_K8S_DEFAULT_CPU"] = args.cpu_request
     results, rows = [], []
     for shape in args.shapes.split(","):
         image = args.image or images.busybox_image()
