@@ -75,10 +75,11 @@ def test_the_pod_runs_the_loader_from_its_configmaps_without_an_init_container()
 
 
 def test_a_bad_delivery_setting_is_refused() -> None:
-    with pytest.raises(ValueError, match="configmap or init"):
+    with pytest.raises(ValueError, match="configmap, image or init"):
         KubernetesOptions.from_env({"ORCHARD_K8S_AGENT_DELIVERY": "volume"})
-    opts = KubernetesOptions.from_env({"ORCHARD_K8S_AGENT_DELIVERY": "init"})
-    assert opts.agent_delivery == "init"
+    for delivery in ("init", "image"):
+        opts = KubernetesOptions.from_env({"ORCHARD_K8S_AGENT_DELIVERY": delivery})
+        assert opts.agent_delivery == delivery
 
 
 def loader_setup(tmp_path: Path, payload: bytes, cut: int) -> tuple[Path, Path]:
