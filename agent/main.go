@@ -226,9 +226,9 @@ func listenUnix(path string) (net.Listener, error) {
 
 func main() { os.Exit(run(os.Args[1:])) }
 
-// closeOwnDir makes dir root's and 0755: a Kubernetes emptyDir starts 0777, where any
-// sandbox user could plant files beside the agent's. Not following a symlink: nothing
-// else has run in the sandbox yet, but the folder is the pod's, not the agent's.
+// closeOwnDir makes dir 0755: a Kubernetes emptyDir starts 0777 (root's), where any
+// sandbox user could plant files beside the agent's. Only the mode, as orchard-boot does:
+// a chown would fail where root is a user namespace's.
 func closeOwnDir(dir string) error {
 	st, err := os.Lstat(dir)
 	if err != nil {
@@ -236,9 +236,6 @@ func closeOwnDir(dir string) error {
 	}
 	if !st.IsDir() {
 		return fmt.Errorf("own folder %s is not a folder", dir)
-	}
-	if err := os.Lchown(dir, 0, 0); err != nil {
-		return fmt.Errorf("own folder: %w", err)
 	}
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return fmt.Errorf("own folder: %w", err)

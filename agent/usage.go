@@ -33,7 +33,7 @@ func defineFlags(fs *flag.FlagSet, cfg *config, raw *rawFlags, getenv func(strin
 	str(&cfg.socket, "socket", "", "Unix socket `path` to listen on")
 	str(&raw.tokenFile, "token-file", "", "`file` holding the bearer token (else $ORCHARD_AGENT_TOKEN)")
 	str(&cfg.spillDir, "spill-dir", proc.DefaultSpillDir, "`folder` for full outputs of capped streams")
-	str(&cfg.ownDir, "own-dir", "", "`folder` made root's and 0755 before anything runs (Kubernetes: the pod's emptyDir, which the kubelet makes 0777)")
+	str(&cfg.ownDir, "own-dir", "", "`folder` made 0755 before anything runs (Kubernetes: the pod's emptyDir, which the kubelet makes 0777)")
 	str(&cfg.user, "user", "", "default `user` (uid[:gid] or name) for commands and the entrypoint, e.g. the image's USER")
 	str(&cfg.logFile, "log", "", "`file` (appended) that the agent's and the entrypoint's stdout and stderr go to once started")
 	str(&raw.maxOutput, "max-output", strconv.Itoa(defaultMaxOutput), "per-stream cap for blocking exec, in `bytes`")
