@@ -43,7 +43,7 @@ from orchard.env.backends.kubernetes.objects import (
     selector,
 )
 from orchard.env.backends.kubernetes.policies import build_baseline_policy
-from orchard.env.backends.kubernetes.tenants import tenant_namespace
+from orchard.env.backends.kubernetes.tenants import build_policies, tenant_namespace
 
 # What an Orchard sandbox's main container asks for on the `local` overlay (config.yaml).
 RESOURCES = {
@@ -104,7 +104,9 @@ def orchard_pod(
 
 
 SHAPES = ("bare", "policy", "orchard-volumes", "orchard-pod", "orchard-hostpath",
-          "orchard-configmap", "orchard-image")  # fmt: skip
+          "orchard-configmap", "orchard-image", "orchard-tenant")  # fmt: skip
+# `orchard-tenant`: Orchard's pod under both policies a tenant namespace has (tenants.py:
+# default deny for every pod, and the baseline), where the others have the baseline only.
 # `orchard-configmap`, `orchard-image`: Orchard's pod with that agent delivery, whatever the
 # deployed ConfigMap says (`orchard-pod` is as deployed). `orchard-hostpath`: the agent run
 # straight from a node folder instead. Trial cluster only (its nodes are this machine, and
@@ -135,7 +137,11 @@ async def namespace_for(
     await client.create(
         codecs.from_dict({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     )
-    if shape != "bare":  # and its namespace's deny-all policy (tenants.py makes it)
+    if shape == "orchard-tenant":  # both of a tenant namespace's policies
+        for pol in build_policies(opts, "bench"):
+            pol["metadata"]["namespace"] = ns
+            await client.create(codecs.from_dict(pol))
+    elif shape != "bare":  # and its namespace's deny-all policy (tenants.py makes it)
         await client.create(codecs.from_dict(build_baseline_policy(opts)))
     agent = agent_parts.load() if opts.agent_delivery == "configmap" else None
     if shape == "orchard-hostpath":
@@ -146,7 +152,7 @@ async def namespace_for(
             await client.create(codecs.from_dict(cm))
 
     def make(name: str) -> dict[str, Any]:
-        if shape in ("orchard-pod", *DELIVERY):
+        if shape in ("orchard-pod", "orchard-tenant", *DELIVERY):
             return orchard_pod(name, ns, image, opts, agent)
         if shape == "orchard-hostpath":  # the agent from a node folder (above)
             pod = orchard_pod(name, ns, image, opts, agent)
