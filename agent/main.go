@@ -43,7 +43,7 @@ type config struct {
 	socket    string
 	token     string
 	spillDir  string
-	ownDir    string // closed to root's 0755 at start (a pod's emptyDir; see usage)
+	ownDir    string // made 0755 at start (a pod's emptyDir; see usage)
 	maxOutput int
 	user      string
 	logFile   string

@@ -68,7 +68,7 @@ KR_BIN="$CACHE/kube-router-v$KUBE_ROUTER_VERSION"
 LP_BIN="$CACHE/local-path-provisioner-v$LOCAL_PATH_VERSION"
 CTRD_BIN="$CACHE/containerd-v$CONTAINERD_VERSION"
 # Every containerd, shim and ctr this script starts is the built one (the shim is found on
-# PATH); Debian's package stays installed for runc's sake.
+# PATH); runc is Debian's.
 export PATH="$CTRD_BIN:$PATH"
 PKI="$STATE/pki"
 KCFG="$STATE/kubeconfig"

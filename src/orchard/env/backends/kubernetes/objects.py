@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.kubernetes.pool_objects import pool_pod_annotations, pool_pod_labels
@@ -76,6 +76,7 @@ _ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")
 _QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 
 CiliumMode = Literal["auto", "on", "off"]
+AgentDelivery = Literal["configmap", "image", "init"]
 
 
 def _env_json(env: Mapping[str, str], name: str, default: Any) -> Any:
@@ -96,10 +97,10 @@ class KubernetesOptions:
     # How the agent reaches a pod: `configmap`, ConfigMaps the service writes once per
     # namespace from its own copy (agent_parts.py; the service must run on Linux with the
     # nodes' architecture); `image`, `injector_image` mounted read-only as an image volume
-    # (the cheapest: one copy per node; needs Kubernetes' ImageVolume and containerd 2.1+
-    # or CRI-O 1.31+); or `init`, an init container of `injector_image` per pod (dearer:
-    # one more container per sandbox).
-    agent_delivery: Literal["configmap", "image", "init"] = "configmap"
+    # (one copy per node, the lightest on memory; needs Kubernetes' ImageVolume and
+    # containerd 2.1+ or CRI-O 1.31+); or `init`, an init container of `injector_image`
+    # per pod (dearer: one more container per sandbox).
+    agent_delivery: AgentDelivery = "configmap"
     injector_image: str = "orchard/agent-injector:latest"
     instance: str = "default"
     kubeconfig: str | None = None
@@ -171,7 +172,7 @@ class KubernetesOptions:
             raise ValueError("the reap delay must not be negative")
         if self.unschedulable_timeout_s < 0:
             raise ValueError("the unschedulable timeout must not be negative")
-        if self.agent_delivery not in ("configmap", "image", "init"):
+        if self.agent_delivery not in get_args(AgentDelivery):
             raise ValueError(
                 f"agent delivery {self.agent_delivery!r} is not configmap, image or init"
             )
@@ -342,7 +343,7 @@ def build_pod(
     cpu = spec.cpu or opts.default_cpu
     memory = spec.memory_bytes or opts.default_memory_bytes
     args = ["--listen", f":{opts.agent_port}", "--spill-dir", f"{AGENT_DIR}/spill"]
-    in_place = agent is None and opts.agent_delivery == "image"
+    in_place = opts.agent_delivery == "image"
     if in_place:  # run from the read-only image: the agent itself closes the emptyDir
         args += ["--own-dir", AGENT_DIR]
     if spec.user:  # the default user of execs and of `cmd`, as the other backends have
@@ -388,16 +389,16 @@ def build_pod(
         "containers": [main],
         "volumes": [{"name": "orchard-agent", "emptyDir": {"sizeLimit": "64Mi"}}],
     }
-    if agent is not None:  # the loader closes the emptyDir to 0755 and execs the agent
-        main["command"] = agent.command(AGENT_BIN_DIR, AGENT_DIR)
-        vol = agent.volume()
-        mount.append({"name": vol["name"], "mountPath": AGENT_BIN_DIR, "readOnly": True})
-        pod_spec["volumes"].append(vol)
-    elif in_place:
+    if in_place:
         main["command"] = [AGENT_BIN_DIR + INJECTOR_AGENT]
         mount.append({"name": AGENT_IMAGE_VOLUME, "mountPath": AGENT_BIN_DIR, "readOnly": True})
         image = {"reference": opts.injector_image, "pullPolicy": opts.image_pull_policy}
         pod_spec["volumes"].append({"name": AGENT_IMAGE_VOLUME, "image": image})
+    elif agent is not None:  # the loader closes the emptyDir to 0755 and execs the agent
+        main["command"] = agent.command(AGENT_BIN_DIR, AGENT_DIR)
+        vol = agent.volume()
+        mount.append({"name": vol["name"], "mountPath": AGENT_BIN_DIR, "readOnly": True})
+        pod_spec["volumes"].append(vol)
     else:
         pod_spec["initContainers"] = [_injector(opts, cpu, cpu_limit, mount)]
     if opts.runtime_class:
