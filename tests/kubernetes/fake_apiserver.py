@@ -289,9 +289,11 @@ class FakeKubeAPIServer:
     async def _delete(self, key: tuple[str, str, str]) -> Obj:
         obj = copy.deepcopy(self.objects[key])
         obj["metadata"]["deletionTimestamp"] = _now()
-        await self._put(key, obj, "DELETED")
+        # As a kubelet does: the pod object goes only once its containers have stopped, so
+        # a client that sees it gone may rely on nothing of it still answering.
         if key[0] == "pods" and self.on_delete is not None:
             await self.on_delete(self, copy.deepcopy(obj))
+        await self._put(key, obj, "DELETED")
         # The garbage collector: dependents whose owner is gone go too.
         uid = obj["metadata"].get("uid")
         for dep_key, dep in list(self.objects.items()):
