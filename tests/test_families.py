@@ -97,3 +97,35 @@ def test_one_model_factory_for_every_spec(tmp_path: Path) -> None:
         model_factory("x", **kinds)
     with pytest.raises(ValueError, match=r"^user model must be an http\(s\) URL, not 'x'$"):
         model_factory("x", what="user model")
+
+
+def test_ctrl_c_stops_a_pool_at_a_point_of_its_own() -> None:
+    """run_pool's first Ctrl-C stops the run (its workers see `stop`), the run's sandboxes
+    are listed for deletion, KeyboardInterrupt comes out, and the previous SIGINT handler
+    is back. No sandboxes here: a stand-in client whose list is empty."""
+    import os
+    import signal
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from orchard.families.runs import Run, run_pool
+
+    listed: list[dict[str, str]] = []
+    client = SimpleNamespace(
+        sandboxes=SimpleNamespace(list=lambda labels: listed.append(labels) or [])
+    )
+    seen_stop: list[bool] = []
+
+    def job(run: Run) -> None:
+        seen_stop.append(run.stop.wait(10))
+
+    before = signal.getsignal(signal.SIGINT)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_pool(client, [("a", job), ("b", job)], 2, "t", str, kind="test")  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5
+    assert seen_stop == [True, True]
+    assert listed and all(labels.get("test-run") for labels in listed)
+    assert signal.getsignal(signal.SIGINT) is before

@@ -86,7 +86,9 @@ def test_distill_writes_a_training_set(
 
 
 def _cli(*args: str, url: str, **kw: Any) -> subprocess.Popen[str]:
-    env = {**os.environ, "ORCHARD_URL": url, "COLUMNS": "120"}
+    # PYTHONFAULTHANDLER: a run that hangs can be made to print every thread's stack
+    # (SIGABRT) before the test gives up on it.
+    env = {**os.environ, "ORCHARD_URL": url, "COLUMNS": "120", "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "orchard.cli", "swe", *args],
         env=env,
@@ -145,9 +147,13 @@ def test_ctrl_c_cleans_up_sandboxes(
         try:
             proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-            pytest.fail(f"the run went on for 60 s after Ctrl-C; its stderr:\n{err[-3000:]}")
+            proc.send_signal(signal.SIGABRT)  # its threads' stacks on stderr, then it ends
+            try:
+                _, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            pytest.fail(f"the run went on for 60 s after Ctrl-C; its stderr:\n{err[-6000:]}")
     assert proc.returncode == 130
     assert swe_client.sandboxes.list(labels=mine) == []
 

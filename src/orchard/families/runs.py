@@ -7,10 +7,12 @@ cleanup when interrupted; `run_pool` runs `(key, fn(run))` jobs on a thread pool
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,6 +35,9 @@ class Run:
     extra_labels: dict[str, str] = field(default_factory=dict)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
     stop: threading.Event = field(default_factory=threading.Event)
+    # Set by the first Ctrl-C while run_pool runs (`_sigint_sets`): collect then stops the
+    # run at a point of its own, not wherever KeyboardInterrupt would land.
+    interrupted: threading.Event = field(default_factory=threading.Event)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -72,9 +77,14 @@ def collect(
     with progress(console) as bar:
         task = bar.add_task(title, total=len(futures), status="")
         try:
-            for fut in as_completed(futures):
-                results.append(fut.result())
-                bar.update(task, advance=1, status=status(results))
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    results.append(fut.result())
+                    bar.update(task, advance=1, status=status(results))
+                if run.interrupted.is_set():
+                    raise KeyboardInterrupt
         except BaseException:
             run.stop.set()
             for fut in futures:
@@ -101,7 +111,9 @@ def run_pool(
     run = Run(client, kind, dict(labels or {}))
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
-        return collect([pool.submit(fn, run) for _, fn in jobs], run, title, status, console)
+        with _sigint_sets(run.interrupted):
+            futures = [pool.submit(fn, run) for _, fn in jobs]
+            return collect(futures, run, title, status, console)
     except BaseException:
         # Stopped here too: a Ctrl-C that lands before collect's own handler (while the
         # jobs are submitted or its progress bar starts) must not leave the workers
@@ -114,3 +126,25 @@ def run_pool(
         raise
     finally:
         pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _sigint_sets(flag: threading.Event) -> Iterator[None]:
+    """The first Ctrl-C sets `flag` instead of raising KeyboardInterrupt wherever the main
+    thread happens to be (inside a lock's `with` or the progress bar's refresh, it can
+    leave a lock held that a worker or the bar's thread then waits on for ever); a second
+    one raises as usual. Only in the main thread, where signal handlers can be set."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        flag.set()
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
