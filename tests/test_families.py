@@ -112,9 +112,12 @@ def test_ctrl_c_stops_a_pool_at_a_point_of_its_own() -> None:
     from orchard.families.runs import Run, run_pool
 
     listed: list[dict[str, str]] = []
-    client = SimpleNamespace(
-        sandboxes=SimpleNamespace(list=lambda labels: listed.append(labels) or [])
-    )
+
+    def list_sandboxes(labels: dict[str, str]) -> list[Any]:
+        listed.append(labels)
+        return []
+
+    client = SimpleNamespace(sandboxes=SimpleNamespace(list=list_sandboxes))
     seen_stop: list[bool] = []
 
     def job(run: Run) -> None:
