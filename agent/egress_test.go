@@ -2,10 +2,6 @@ package main
 
 import (
 	"net"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -58,66 +54,5 @@ func TestWaitClosedPassesAClosedAddressAtOnce(t *testing.T) {
 	start := time.Now()
 	if err := waitClosed(addr, time.Second, time.Second); err != nil || time.Since(start) > 500*time.Millisecond {
 		t.Fatalf("err = %v after %s", err, time.Since(start))
-	}
-}
-
-// A /health sent while the agent waits for the policy is held, not refused, and answered
-// once the address closes (the service sends one request per start instead of polling);
-// the entrypoint starts only then.
-func TestHealthDuringTheWaitIsAnsweredOnceThePolicyHolds(t *testing.T) {
-	l := answering(t)
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "a.sock")
-	marker := filepath.Join(dir, "started")
-	cmd := exec.Command(agentBin, "--socket", sock, "--spill-dir", filepath.Join(dir, "spill"),
-		"--wait-closed", l.Addr().String(), "--", "sh", "-c", "touch "+marker+"; exec sleep 60")
-	cmd.Env = append(os.Environ(), "ORCHARD_AGENT_TOKEN="+testToken)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	deadline := time.Now().Add(5 * time.Second)
-	for { // the socket appears before the wait ends
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the agent never listened")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	closeAt := time.Now().Add(400 * time.Millisecond)
-	time.AfterFunc(time.Until(closeAt), func() { l.Close() })
-	resp, err := unixClient(sock).Get("http://agent/health")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || time.Now().Before(closeAt) {
-		t.Fatalf("health %d before the address closed", resp.StatusCode)
-	}
-	if _, err := os.Stat(marker); err != nil && time.Since(closeAt) < 2*time.Second {
-		time.Sleep(500 * time.Millisecond) // the entrypoint is started right after
-	}
-	if _, err := os.Stat(marker); err != nil {
-		t.Fatal("the entrypoint did not start once the policy held")
-	}
-}
-
-// Before the address closes, the entrypoint has not run.
-func TestNoEntrypointWhileTheAddressAnswers(t *testing.T) {
-	l := answering(t)
-	dir := t.TempDir()
-	marker := filepath.Join(dir, "started")
-	cmd := exec.Command(agentBin, "--socket", filepath.Join(dir, "a.sock"), "--spill-dir",
-		filepath.Join(dir, "spill"), "--wait-closed", l.Addr().String(), "--", "touch", marker)
-	cmd.Env = append(os.Environ(), "ORCHARD_AGENT_TOKEN="+testToken)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	time.Sleep(500 * time.Millisecond)
-	if _, err := os.Stat(marker); err == nil {
-		t.Fatal("the entrypoint ran while the address still answered")
 	}
 }

@@ -314,6 +314,13 @@ func run(args []string) int {
 		log.Printf("spill folder: %v (truncated outputs will not be saved)", err)
 	}
 
+	if cfg.waitClosed != "" {
+		if err := waitClosed(cfg.waitClosed, egressWait, 300*time.Millisecond); err != nil {
+			log.Print(err)
+			return 1
+		}
+	}
+
 	var listeners []net.Listener
 	var tcpPorts []int
 	if cfg.socket != "" {
@@ -332,14 +339,6 @@ func run(args []string) int {
 		}
 		listeners = append(listeners, l)
 		tcpPorts = append(tcpPorts, l.Addr().(*net.TCPAddr).Port)
-	}
-	// Listening already, serving only once the policy holds: a /health sent meanwhile waits
-	// in the backlog and is answered then (one request per start, not a poll every few ms).
-	if cfg.waitClosed != "" {
-		if err := waitClosed(cfg.waitClosed, egressWait, 300*time.Millisecond); err != nil {
-			log.Print(err)
-			return 1
-		}
 	}
 	srv := &http.Server{
 		Handler:           requireToken(a.gate, a.routes(tcpPorts...)),

@@ -38,7 +38,7 @@ func defineFlags(fs *flag.FlagSet, cfg *config, raw *rawFlags, getenv func(strin
 	str(&cfg.logFile, "log", "", "`file` (appended) that the agent's and the entrypoint's stdout and stderr go to once started")
 	str(&raw.maxOutput, "max-output", strconv.Itoa(defaultMaxOutput), "per-stream cap for blocking exec, in `bytes`")
 	str(&raw.cpus, "cpus", "", "the sandbox's CPU limit in `cores` (e.g. 0.5): Go code runs on that many threads, rounded up")
-	str(&cfg.waitClosed, "wait-closed", "", "serve nothing (requests sent meanwhile wait) and start no entrypoint until a TCP connection to this `host:port` fails: the sandbox's network policy is in force (Kubernetes programs it after the pod starts); exit 1 if it is still open after 60 s")
+	str(&cfg.waitClosed, "wait-closed", "", "serve nothing and start no entrypoint until a TCP connection to this `host:port` fails: the sandbox's network policy is in force (Kubernetes programs it after the pod starts); exit 1 if it is still open after 60 s")
 }
 
 const usageHead = `orchard-agent %s: Orchard's in-sandbox agent (docs/agent-api.md).

@@ -20,8 +20,7 @@ async def wait_ready(
     deadline: float,
     timeout_s: float,
 ) -> SandboxRecord | None:
-    """Poll the agent's /health until it answers (an agent waiting for its network policy
-    listens already and holds the request until then), ever less often: never more than a
+    """Poll the agent's /health until it answers, ever less often: never more than a
     twentieth of the wait so far apart (a burst of 150 pods on one node waits a minute,
     and 150 creates polling every 0.1 s, each with an API read, cost the node more than
     the pods did). Between polls, the backend's state (`latest`) at most every
@@ -30,10 +29,9 @@ async def wait_ready(
     delay, started, checked = 0.002, time.monotonic(), 0.0
     rec: SandboxRecord | None = None
     while True:
-        try:  # an agent that waits for its network policy holds this until it is in force
-            async with asyncio.timeout(max(deadline - time.monotonic(), 0.05)):
-                await agent.health()
-        except (OrchardError, TimeoutError):
+        try:
+            await agent.health()
+        except OrchardError:
             pass
         else:
             return rec
