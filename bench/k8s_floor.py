@@ -212,8 +212,7 @@ async def _floor(
 
     t0, cpu0 = time.monotonic(), k8s_cpu.sample(uids)
     try:
-        with common.perf_window(f"k8s-{shape}-{common.RUN_ID}"):
-            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), 1800)
+        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), 1800)
         wall, cpu = time.monotonic() - t0, k8s_cpu.per_pod(cpu0, k8s_cpu.sample(uids), n)
     finally:
         watcher.cancel()
@@ -272,10 +271,7 @@ def orchard_cold(
 
         uids = service_pods(kube)
         t0, cpu0 = time.monotonic(), k8s_cpu.sample(uids)
-        with (
-            common.perf_window(f"k8s-orchard-{common.RUN_ID}"),
-            ThreadPoolExecutor(concurrency) as ex,
-        ):
+        with ThreadPoolExecutor(concurrency) as ex:
             list(ex.map(one, range(n)))
         wall, cpu = time.monotonic() - t0, k8s_cpu.per_pod(cpu0, k8s_cpu.sample(uids), len(ids))
         with ThreadPoolExecutor(16) as ex:

@@ -178,42 +178,6 @@ async def test_unschedulable_pod_reports_scheduler_reason_and_is_removed(tmp_pat
         assert api.pods(NS) == {}
 
 
-async def test_a_pending_create_reads_its_pod_only_while_the_watch_is_silent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """While watch events flow (a burst), the watch's copy is current and a waiting create
-    costs the API server nothing; a silent watch (stalled on a loaded API server) is
-    checked by reading the pod every REREAD_S."""
-    from orchard.env.backends.kubernetes import backend as backend_mod
-
-    monkeypatch.setattr(backend_mod, "REREAD_S", 0.3)
-
-    async def nothing(api: FakeKubeAPIServer, pod: Obj) -> None:
-        pass  # the pod stays Pending
-
-    async with fake_cluster(tmp_path, kubelet=nothing) as (api, make):
-        backend = make(pending_timeout_s=6)
-        await backend.list()  # the watch runs
-        await until(lambda: backend._synced)
-        create = asyncio.create_task(backend.create(spec("sb-wait")))
-        await until(lambda: "sb-wait" in backend._pods)
-
-        def reads() -> int:
-            path = f"/api/v1/namespaces/{NS}/pods/orchard-sb-wait"
-            return sum(1 for m, p, q in api.requests if m == "GET" and p == path)
-
-        before = reads()
-        for i in range(15):  # events every 0.1 s for 1.5 s
-            cond = {"type": "Example", "status": "True", "reason": str(i)}
-            await api.set_status(NS, "orchard-sb-wait", {"conditions": [cond]})
-            await asyncio.sleep(0.1)
-        assert reads() == before
-        await asyncio.sleep(2.5)  # silent: read again (the wait wakes at least once a second)
-        assert reads() - before >= 2
-        with pytest.raises(Unavailable):
-            await create
-
-
 @pytest.mark.parametrize(
     ("reason", "message", "error"),
     [

@@ -74,9 +74,7 @@ CiliumNetworkPolicy = create_namespaced_resource(
 # Statuses worth another try: optimistic-lock conflicts, throttling, server trouble.
 _RETRY_STATUS = frozenset({409, 429, 500, 502, 503, 504})
 _WATCH_TIMEOUT_S = 290  # the server closes the watch; lightkube resumes from the last version
-# A create waiting on a pending pod reads it from the API server, not the watch, when the
-# watch has been silent this long (stalled on a loaded API server: it would hide the
-# scheduler's verdict); while events flow (a burst) the watch's copy is current.
+# How often a create waiting on a pending pod reads it from the API server, not the watch.
 REREAD_S = 5.0
 
 
@@ -114,7 +112,6 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         self._sem = asyncio.Semaphore(options.api_concurrency)
         self._pods: dict[str, dict[str, Any]] = {}  # sandbox id -> latest pod, from the watch
         self._synced = False
-        self._heard_at = 0.0  # the watch's last event (time.monotonic())
         self._changed: dict[str, asyncio.Event] = {}
         self._watch_task: asyncio.Task[None] | None = None
         self._cilium: bool | None = {"on": True, "off": False}.get(options.cilium)
@@ -296,7 +293,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                     resource_version=version,
                     server_timeout=_WATCH_TIMEOUT_S,
                 ):
-                    pod, self._heard_at = _dict(obj), time.monotonic()
+                    pod = _dict(obj)
                     if kind == "DELETED":
                         sid = (pod["metadata"].get("labels") or {}).get(objs.L_SANDBOX)
                         if sid:
@@ -478,8 +475,7 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                 pod = self._pods.get(sid)
                 # The watch's copy, but read afresh now and then: a watch that stalls on a
                 # loaded API server would otherwise hide the scheduler's verdict to the end.
-                silent = time.monotonic() - max(read_at, self._heard_at) >= REREAD_S
-                if pod is None or not self._synced or silent:
+                if pod is None or not self._synced or time.monotonic() - read_at >= REREAD_S:
                     pod = await self._get_pod(sid)
                     read_at = time.monotonic()
                 if pod is None:
