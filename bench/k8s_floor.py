@@ -293,19 +293,13 @@ def orchard_cold(
 def measure(
     kube: Kube, url: str, key: str, owner: str, image: str, n: int, concurrency: int
 ) -> tuple[dict[str, Any], str]:
-    """The bare floor, Orchard's pod without the service, then Orchard, each begun on a
-    settled node (k8s_cpu.settle: the side before it torn down, its deletes a minute past);
-    their results, the ratios to the floor, and the tables as Markdown."""
-    waited = [k8s_cpu.settle()]
+    """The bare floor, Orchard's pod without the service, then Orchard; their results, the
+    ratios to the floor, and the tables as Markdown."""
     fl = floor(kube, image, n, concurrency)
     print(f"floor: {n} pods in {fl['wall_s']:.1f} s, p50 {fl['p50_ms']:.0f} ms", file=sys.stderr)
-    waited.append(k8s_cpu.settle(time.monotonic()))
     pod = floor(kube, image, n, concurrency, shape="orchard-pod")
     print(f"pod: {n} in {pod['wall_s']:.1f} s, p50 {pod['p50_ms']:.0f} ms", file=sys.stderr)
-    waited.append(k8s_cpu.settle(time.monotonic()))
     orc = orchard_cold(kube, url, key, owner, image, n, concurrency)
-    for r, w in zip((fl, pod, orc), waited, strict=True):
-        r["settled_s"] = round(w, 1)
     print(f"orchard: {n} in {orc['wall_s']:.1f} s, p50 {orc['p50_ms']:.0f} ms", file=sys.stderr)
     if orc["success"] < 1:  # a ratio of failed creates would read as a fast Orchard
         raise RuntimeError(

@@ -249,42 +249,6 @@ async def test_watch_keeps_cache_and_recovers_from_410_gone(tmp_path: Path) -> N
         assert [r.id for r in await b.list()] == ["sb-w2"]
 
 
-async def test_a_start_polls_the_watch_not_the_api(tmp_path: Path) -> None:
-    """`watched` (what the service polls while a new agent comes up): the watch's copy when
-    it has the pod running with an address or stopped; else a fresh read, so a lagging
-    watch's older copy (no IP yet) is never handed back as the sandbox's record."""
-    async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
-        backend = make()
-        rec = await backend.create(spec("sb-poll"))
-        await until(lambda: backend._synced and "sb-poll" in backend._pods)
-
-        def reads() -> int:
-            return sum(1 for m, p, q in api.requests if m == "GET" and "watch" not in q)
-
-        before = reads()
-        for _ in range(5):
-            got = await backend.watched("sb-poll")
-            assert got is not None and got.endpoint == rec.endpoint
-        assert reads() == before
-        # A copy without an address (an older event) is read afresh.
-        backend._pods["sb-poll"] = {**backend._pods["sb-poll"], "status": {"phase": "Pending"}}
-        got = await backend.watched("sb-poll")
-        assert got is not None and got.endpoint == rec.endpoint and reads() == before + 1
-        # Stopped, as the watch saw it: answered from the watch.
-        cs = {"name": "sandbox", "ready": False, "restartCount": 0, "image": "", "imageID": ""}
-        term = {"terminated": {"exitCode": 3, "reason": "Error"}}
-        await api.set_status(
-            NS, "orchard-sb-poll", {"phase": "Failed", "containerStatuses": [{**cs, "state": term}]}
-        )
-        await until(lambda: backend._pods["sb-poll"]["status"]["phase"] == "Failed")
-        n = reads()
-        got = await backend.watched("sb-poll")
-        assert got is not None and got.state == "exited" and reads() == n
-        await backend.delete("sb-poll")
-        await until(lambda: "sb-poll" not in backend._pods)
-        assert await backend.watched("sb-poll") is None
-
-
 async def test_api_concurrency_is_bounded(tmp_path: Path) -> None:
     async with fake_cluster(tmp_path, kubelet=instant_kubelet) as (api, make):
         backend = make(api_concurrency=3)

@@ -139,14 +139,6 @@ class Retiring(Protocol):
 
 
 @runtime_checkable
-class Watching(Protocol):
-    """Optional: a backend that keeps its own view of its sandboxes (a watch), which a
-    start's polling reads instead of `get` (a fresh read each time: an API call)."""
-
-    async def watched(self, sandbox_id: str) -> SandboxRecord | None: ...
-
-
-@runtime_checkable
 class OrphanCleaner(Protocol):
     """Optional: a backend that also leaves host-side remains `list()` cannot see.
 

@@ -10,7 +10,7 @@ from orchard.env.backends.base import SandboxRecord
 from orchard.env.errors import AgentUnavailable, OrchardError, Unavailable
 from orchard.env.server.agent_client import AgentClient
 
-STATE_EVERY_S = 0.5  # the backend's state at most this often (`Watching`: its own view)
+STATE_EVERY_S = 0.5  # the backend's state (an API read on Kubernetes) at most this often
 
 
 async def wait_ready(

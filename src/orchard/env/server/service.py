@@ -17,14 +17,7 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from orchard.env.backends.base import (
-    Backend,
-    OrphanCleaner,
-    Retiring,
-    SandboxRecord,
-    SandboxSpec,
-    Watching,
-)
+from orchard.env.backends.base import Backend, OrphanCleaner, Retiring, SandboxRecord, SandboxSpec
 from orchard.env.backends.replicated import ClusterQuota, ReplicaShared
 from orchard.env.backends.volume_base import mount_strings
 from orchard.env.config import ServiceConfig
@@ -361,8 +354,7 @@ class SandboxService:
 
     async def _wait_ready(self, rec: SandboxRecord, deadline: float) -> SandboxRecord:
         timeout = self.config.ready_timeout_s
-        read = self.backend.watched if isinstance(self.backend, Watching) else self.backend.get
-        latest = await wait_ready(self._conn(rec), rec.id, read, deadline, timeout)
+        latest = await wait_ready(self._conn(rec), rec.id, self.backend.get, deadline, timeout)
         if latest is not None:
             self._records[rec.id] = rec = latest
         self._pending.discard(rec.id)

@@ -53,10 +53,12 @@ from orchard.env.backends.network import ResolvedAllow, resolve_allow
 from orchard.env.errors import (
     AdmissionDenied,
     Conflict,
+    ImageNotFound,
     InvalidRequest,
     NotFound,
     OrchardError,
     QuotaExceeded,
+    RegistryUnavailable,
     SandboxExited,
     Unavailable,
     Unschedulable,
@@ -488,8 +490,12 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                         f"sandbox {sid} stopped while starting ({error or f'exit {exit_code}'})"
                     )
                 problem = objs.pod_problem(pod)
-                if err := objs.start_error(sid, problem):
-                    raise err
+                if problem and problem[0] == "image_missing":
+                    raise ImageNotFound(f"sandbox {sid}: {problem[1]}")
+                if problem and problem[0] == "config":
+                    raise InvalidRequest(f"sandbox {sid}: {problem[1]}")
+                if problem and problem[0] == "image_pull":
+                    raise self._pull_error(sid, problem[1])
                 now = time.monotonic()
                 if problem and problem[0] == "unschedulable":
                     unschedulable_since = unschedulable_since or now
@@ -515,6 +521,13 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
                     await asyncio.wait_for(event.wait(), min(left, 1.0))
         finally:
             self._changed.pop(sid, None)
+
+    @staticmethod
+    def _pull_error(sid: str, message: str) -> OrchardError:
+        low = message.lower()
+        if any(m in low for m in ("not found", "manifest unknown", "does not exist", "denied")):
+            return ImageNotFound(f"sandbox {sid}: image cannot be pulled: {message}")
+        return RegistryUnavailable(f"sandbox {sid}: image cannot be pulled: {message}")
 
     # ------------------------------------------------------------ read
 
@@ -544,15 +557,6 @@ class KubernetesBackend(KubernetesState, KubernetesSnapshots, PoolsMixin, Sharin
         # The watch may lag a just-made change by a moment; `get` is the fresh path.
         pod = await self._get_pod(sandbox_id)
         return objs.record_from_pod(pod, self.opts) if pod else None
-
-    async def watched(self, sandbox_id: str) -> SandboxRecord | None:
-        """The watch's copy when it shows the pod running with its address, or stopped (what
-        a start's polling looks for: no API read per poll in a burst); else `get`."""
-        pod = self._pods.get(sandbox_id) if self._synced else None
-        rec = objs.record_from_pod(pod, self.opts) if pod else None
-        if rec and (rec.endpoint.known or rec.state in ("exited", "failed")):
-            return rec
-        return await self.get(sandbox_id)
 
     async def list(self) -> builtins.list[SandboxRecord]:
         """From the watch cache once it is in sync (no API call per reconcile), else listed."""

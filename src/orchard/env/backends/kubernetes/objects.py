@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol, get_args
 from orchard.env.backends.base import AgentEndpoint, BackendState, SandboxRecord, SandboxSpec
 from orchard.env.backends.kubernetes.pool_objects import pool_pod_annotations, pool_pod_labels
 from orchard.env.backends.volume_base import decode_mounts
-from orchard.env.errors import ImageNotFound, InvalidRequest, OrchardError, RegistryUnavailable
+from orchard.env.errors import InvalidRequest
 from orchard.env.models import NetworkPolicy
 
 GROUP = "orchard.dev"
@@ -461,22 +461,6 @@ def pod_problem(pod: Mapping[str, Any]) -> tuple[str, str] | None:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             reason = cond.get("reason") or "Unschedulable"
             return "unschedulable", f"{reason}: {cond.get('message') or 'not scheduled yet'}"
-    return None
-
-
-def start_error(sid: str, problem: tuple[str, str] | None) -> OrchardError | None:
-    """The error a start fails with at once for `pod_problem`'s verdict (an image that is
-    missing or cannot be pulled, a container the runtime refuses); None: wait on."""
-    kind, message = problem or ("", "")
-    if kind == "config":
-        return InvalidRequest(f"sandbox {sid}: {message}")
-    low = message.lower()
-    missing = ("not found", "manifest unknown", "does not exist", "denied")
-    if kind == "image_missing" or (kind == "image_pull" and any(m in low for m in missing)):
-        what = "" if kind == "image_missing" else "image cannot be pulled: "
-        return ImageNotFound(f"sandbox {sid}: {what}{message}")
-    if kind == "image_pull":
-        return RegistryUnavailable(f"sandbox {sid}: image cannot be pulled: {message}")
     return None
 
 
