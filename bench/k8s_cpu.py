@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,3 +124,29 @@ def per_pod(before: Sample, after: Sample, pods: int) -> dict[str, float]:
     ms["bench client"] = (after.client - before.client) * 1000 / n
     ms["rest (shims, runc, kernel)"] = ms["total"] - sum(v for k, v in ms.items() if k != "total")
     return {k: round(v, 1) for k, v in ms.items()}
+
+
+# ext4 without a journal (this host's root) skips inodes freed in the last 60 s (or 360 s
+# while their table block is dirty) when it allocates new ones, so a burst of creates right
+# after a burst of deletes costs more (docs/benchmarks.md, 3b).
+RECENT_DELETES_S = 65.0
+
+
+def settle(
+    deleted_at: float | None = None, quiet_cores: float = 0.3, timeout_s: float = 240
+) -> float:
+    """Wait until the node is quiet: under `quiet_cores` busy over 3 s and, if something
+    was deleted at `deleted_at` (time.monotonic()), RECENT_DELETES_S past it. So each side
+    of a comparison starts on a node no earlier side's teardown still loads (a bare pod
+    deleted with grace 0 leaves the API at once and its containers after). Seconds waited."""
+    t0 = time.monotonic()
+    if deleted_at is not None:
+        time.sleep(max(0.0, deleted_at + RECENT_DELETES_S - t0))
+    while time.monotonic() - t0 < timeout_s:
+        b0 = _busy_s()
+        time.sleep(3)
+        if (_busy_s() - b0) / 3 < quiet_cores:
+            break
+    else:
+        print(f"settle: the node is still busy after {timeout_s:.0f} s", file=sys.stderr)
+    return time.monotonic() - t0

@@ -212,7 +212,8 @@ async def _floor(
 
     t0, cpu0 = time.monotonic(), k8s_cpu.sample(uids)
     try:
-        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), 1800)
+        with common.perf_window(f"k8s-{shape}-{common.RUN_ID}"):
+            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), 1800)
         wall, cpu = time.monotonic() - t0, k8s_cpu.per_pod(cpu0, k8s_cpu.sample(uids), n)
     finally:
         watcher.cancel()
@@ -271,7 +272,10 @@ def orchard_cold(
 
         uids = service_pods(kube)
         t0, cpu0 = time.monotonic(), k8s_cpu.sample(uids)
-        with ThreadPoolExecutor(concurrency) as ex:
+        with (
+            common.perf_window(f"k8s-orchard-{common.RUN_ID}"),
+            ThreadPoolExecutor(concurrency) as ex,
+        ):
             list(ex.map(one, range(n)))
         wall, cpu = time.monotonic() - t0, k8s_cpu.per_pod(cpu0, k8s_cpu.sample(uids), len(ids))
         with ThreadPoolExecutor(16) as ex:
@@ -293,13 +297,19 @@ def orchard_cold(
 def measure(
     kube: Kube, url: str, key: str, owner: str, image: str, n: int, concurrency: int
 ) -> tuple[dict[str, Any], str]:
-    """The bare floor, Orchard's pod without the service, then Orchard; their results, the
-    ratios to the floor, and the tables as Markdown."""
+    """The bare floor, Orchard's pod without the service, then Orchard, each begun on a
+    settled node (k8s_cpu.settle: the side before it torn down, its deletes a minute past);
+    their results, the ratios to the floor, and the tables as Markdown."""
+    waited = [k8s_cpu.settle()]
     fl = floor(kube, image, n, concurrency)
     print(f"floor: {n} pods in {fl['wall_s']:.1f} s, p50 {fl['p50_ms']:.0f} ms", file=sys.stderr)
+    waited.append(k8s_cpu.settle(time.monotonic()))
     pod = floor(kube, image, n, concurrency, shape="orchard-pod")
     print(f"pod: {n} in {pod['wall_s']:.1f} s, p50 {pod['p50_ms']:.0f} ms", file=sys.stderr)
+    waited.append(k8s_cpu.settle(time.monotonic()))
     orc = orchard_cold(kube, url, key, owner, image, n, concurrency)
+    for r, w in zip((fl, pod, orc), waited, strict=True):
+        r["settled_s"] = round(w, 1)
     print(f"orchard: {n} in {orc['wall_s']:.1f} s, p50 {orc['p50_ms']:.0f} ms", file=sys.stderr)
     if orc["success"] < 1:  # a ratio of failed creates would read as a fast Orchard
         raise RuntimeError(
